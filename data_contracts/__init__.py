@@ -1,0 +1,1 @@
+"""pandera data contracts for every frame that crosses a pipeline stage."""

@@ -1,0 +1,1 @@
+"""Thin Prefect flows over lopd_core."""

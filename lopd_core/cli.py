@@ -1,0 +1,32 @@
+"""The ``lopd`` command line, assembled from :mod:`lopd_core.commands`.
+
+Every command takes ``--profile`` (a shipped profile name or a YAML path) and repeated
+``--set section.field=value`` overrides. Commands that summarise take ``--json`` and then print exactly one
+JSON object on the last line of stdout (progress and logs go to stderr).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from lopd_core.commands import compare, memory, models, pipeline, rollout, train
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="LOPD: continual learning for LLM agents.")
+app.add_typer(models.models_app, name="models")
+app.add_typer(models.config_app, name="config")
+app.command()(models.status)
+app.command()(rollout.rollout)
+app.add_typer(rollout.sandbox_app, name="sandbox")
+app.add_typer(memory.memory_app, name="memory")
+app.command()(train.distill)
+for _name in ("cycle", "serve", "backfill", "evaluate", "promote", "rollback"):
+    app.command(_name)(getattr(pipeline, _name))
+app.command()(compare.compare)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

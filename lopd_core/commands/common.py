@@ -1,0 +1,48 @@
+"""Shared pieces of the command modules: profile/override options, config loading, JSON output, errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True)
+out = Console()
+
+Profile = Annotated[str, typer.Option("--profile", "-p", help="Profile name (smoke, demo, gpu) or YAML path.")]
+Overrides = Annotated[list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line of stdout.")]
+
+
+def load(profile: str, overrides: list[str] | None):
+    """Load the config or exit with the message that names the field."""
+    from lopd_core.config import ConfigError, load_config
+
+    try:
+        return load_config(profile, overrides or [])
+    except ConfigError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+def workspace(cfg):
+    from lopd_core.workspace import Workspace
+
+    return Workspace.from_config(cfg.workspace).ensure()
+
+
+def emit_json(payload: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(payload, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str, code: int = 1) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def not_built(command: str) -> None:
+    fail(f"`lopd {command}` is not built yet in this version of lopd.", code=3)

@@ -1,0 +1,1 @@
+"""Rollout engines behind one interface (:class:`lopd_core.rollout.engines.base.Engine`)."""

@@ -1,0 +1,94 @@
+"""The workspace: one directory (``LOPD_HOME``, default ``./.lopd``) that holds everything a run writes.
+
+Layout of the embedded default (every location can be re-pointed by URI in the ``workspace`` config
+section, e.g. LanceDB on ``s3://…`` or MLflow on ``postgresql://…``):
+
+    models/        prepared base models (``SmolLM2-135M-Instruct/``) and the tiny test model
+    lance/         LanceDB: trajectories, experiences, evaluation results, quarantine
+    mlflow.db      MLflow tracking + model registry (sqlite)
+    mlartifacts/   MLflow artifacts (model versions are plain directories registered by source)
+    prefect/       PREFECT_HOME for ephemeral flow runs
+    checkpoints/   ``<run>/step_000123/`` training checkpoints
+    runs/          per-cycle scratch (rollout JSONL, reports)
+
+This module knows only paths; it does not import any of the storage libraries.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HOME = ".lopd"
+
+
+def lopd_home() -> Path:
+    return Path(os.environ.get("LOPD_HOME", DEFAULT_HOME)).expanduser().resolve()
+
+
+def _local_path(uri: str) -> Path | None:
+    """The filesystem path of a ``file://`` URI or a plain path; None for remote URIs (s3://, http://…)."""
+    if uri.startswith("file://"):
+        return Path(uri[len("file://") :])
+    if "://" in uri:
+        return None
+    return Path(uri)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Resolved locations. Remote URIs are kept as strings; local ones become absolute paths."""
+
+    home: Path
+    models_dir: Path
+    lance_uri: str
+    mlflow_tracking_uri: str
+    mlflow_artifacts_uri: str
+    prefect_home: Path
+    checkpoints_dir: Path
+    runs_dir: Path
+
+    @classmethod
+    def from_config(cls, cfg) -> Workspace:
+        """Build from a :class:`lopd_core.config.WorkspaceConfig` (empty fields take the defaults under home)."""
+        home = Path(cfg.home).expanduser().resolve() if cfg.home else lopd_home()
+
+        def under(value: str, default: str) -> str:
+            return value or str(home / default)
+
+        tracking = cfg.mlflow_tracking_uri or f"sqlite:///{home / 'mlflow.db'}"
+        return cls(
+            home=home,
+            models_dir=Path(under(cfg.models_dir, "models")).expanduser().resolve(),
+            lance_uri=under(cfg.lance_uri, "lance"),
+            mlflow_tracking_uri=tracking,
+            mlflow_artifacts_uri=under(cfg.mlflow_artifacts_uri, "mlartifacts"),
+            prefect_home=Path(under(cfg.prefect_home, "prefect")).expanduser().resolve(),
+            checkpoints_dir=Path(under(cfg.checkpoints_dir, "checkpoints")).expanduser().resolve(),
+            runs_dir=home / "runs",
+        )
+
+    @classmethod
+    def default(cls) -> Workspace:
+        from lopd_core.config import WorkspaceConfig
+
+        return cls.from_config(WorkspaceConfig())
+
+    def ensure(self) -> Workspace:
+        """Create the local directories (remote URIs are left alone)."""
+        for p in (self.home, self.models_dir, self.prefect_home, self.checkpoints_dir, self.runs_dir):
+            p.mkdir(parents=True, exist_ok=True)
+        for uri in (self.lance_uri, self.mlflow_artifacts_uri):
+            local = _local_path(uri)
+            if local is not None:
+                local.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def prefect_env(self) -> dict[str, str]:
+        """Environment for Prefect's ephemeral (server-less) mode rooted in this workspace."""
+        return {
+            "PREFECT_HOME": str(self.prefect_home),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        }

@@ -1,0 +1,60 @@
+"""Shared fixtures. Every fast test runs on the tiny random Llama (SmolLM2 tokenizer), built once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    """A models directory shared by the whole session (the tiny model is created in it once)."""
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(models_dir) -> Path:
+    from lopd_core.models.loading import resolve_model_path
+
+    return resolve_model_path("tiny", models_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_path):
+    from lopd_core.models.loading import load_tokenizer
+
+    return load_tokenizer(tiny_model_path)
+
+
+@pytest.fixture
+def tiny_model(tiny_model_path):
+    from lopd_core.models.loading import load_causal_lm
+
+    return load_causal_lm(tiny_model_path, device="cpu")
+
+
+@pytest.fixture
+def smoke_config(tmp_path, models_dir):
+    """The smoke profile rooted in a fresh workspace, sharing the session's models directory."""
+    from lopd_core.config import load_config
+
+    return load_config(
+        "smoke", {"workspace.home": str(tmp_path / "ws"), "workspace.models_dir": str(models_dir)}
+    )
+
+
+@pytest.fixture
+def prepared_default_dir() -> Path:
+    """The real SmolLM2-135M-Instruct folder (slow tests only): prepared in $LOPD_HOME once, then reused."""
+    from lopd_core.models.default import prepare_default
+    from lopd_core.workspace import Workspace
+
+    ws = Workspace.default().ensure()
+    return Path(prepare_default(ws.models_dir, log=lambda m: None).path)
