@@ -1,0 +1,100 @@
+"""Chat rendering to token ids, shared by the agent loop and every teacher that re-prompts a trajectory.
+
+Two rules keep student and teacher sequences aligned token for token:
+
+1. the initial prompt is rendered once with the chat template (``render_prompt_ids``) and everything the
+   policy generated afterwards is kept as ids, never re-tokenised;
+2. text the template inserts between turns (end of turn, the tool response turn, the next assistant
+   header) is found by rendering with a sentinel in place of the assistant content and splitting at it
+   (``turn_suffix_ids``) — the same trick the latent span uses; we never search for the pad id (in SmolLM2
+   the pad token is ``<|im_end|>``, which also closes every turn).
+
+Tools: where the tokenizer's chat template references ``tools`` they are passed to
+``apply_chat_template(..., tools=...)``; otherwise (SmolLM2's template) :func:`tools_system_prompt` is
+appended to the system message — a documented fallback in the Hermes/Qwen style the suites parse.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+SENTINEL = "\u2063LOPD-SENTINEL\u2063"
+
+
+def template_supports_tools(tokenizer) -> bool:
+    template = tokenizer.chat_template or ""
+    return "tools" in template
+
+
+def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
+    """The fallback tool preamble for templates without native tool support."""
+    lines = [
+        "You can call functions. The available functions, as JSON schemas, are:",
+        "<tools>",
+        *(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools),
+        "</tools>",
+        'To call a function, reply with exactly one JSON object inside tags: '
+        '<tool_call>{"name": "function_name", "arguments": {"arg": "value"}}</tool_call>',
+        "The result comes back inside <tool_response></tool_response>. When you have everything you need, "
+        "answer the user in plain text without a tool call.",
+    ]
+    return "\n".join(lines)
+
+
+def with_tools_fallback(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Messages with the tool preamble merged into the system message (added when absent)."""
+    if not tools:
+        return messages
+    preamble = tools_system_prompt(tools)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + preamble}, *messages[1:]]
+    return [{"role": "system", "content": preamble}, *messages]
+
+
+def render_text(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
+                add_generation_prompt: bool = True) -> str:
+    if tools and template_supports_tools(tokenizer):
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    return tokenizer.apply_chat_template(with_tools_fallback(messages, tools), tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """Tokenise rendered template text (it already contains the special tokens)."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def render_prompt_ids(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """Token ids of the initial prompt, ending with the assistant header."""
+    return encode(tokenizer, render_text(tokenizer, messages, tools))
+
+
+def end_of_turn_ids(tokenizer) -> list[int]:
+    """Ids that end an assistant turn (the engines stop on them)."""
+    ids = {tokenizer.eos_token_id}
+    for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
+            ids.add(tid)
+    return sorted(i for i in ids if i is not None)
+
+
+def turn_suffix_ids(tokenizer, messages: list[dict[str, Any]], generated_ids: list[int],
+                    next_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """Ids the template inserts after an assistant turn whose tokens were ``generated_ids``.
+
+    ``messages`` is the conversation before the assistant turn; ``next_messages`` are the messages that
+    follow it (a tool response, …; empty at the end of the episode). The result starts with the
+    end-of-turn text unless the generation already ended with an end-of-turn id, and ends with the next
+    assistant header when ``next_messages`` is non-empty.
+    """
+    probe = [*messages, {"role": "assistant", "content": SENTINEL}, *next_messages]
+    text = render_text(tokenizer, probe, tools, add_generation_prompt=bool(next_messages))
+    after = text.split(SENTINEL, 1)[1]
+    if generated_ids and generated_ids[-1] in end_of_turn_ids(tokenizer):
+        eot_text = tokenizer.decode([generated_ids[-1]])
+        if after.startswith(eot_text):
+            after = after[len(eot_text):]
+    return encode(tokenizer, after)
