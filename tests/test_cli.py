@@ -5,8 +5,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 SUBCOMMANDS = ["models", "rollout", "sandbox", "memory", "distill", "cycle", "serve", "backfill", "evaluate",
                "promote", "rollback", "compare", "status"]
 
