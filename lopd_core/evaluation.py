@@ -1,0 +1,183 @@
+"""Held-out evaluation, the forgetting probe and drift metrics — what the promotion gate reads.
+
+- **Held-out success**: greedy (``evaluate.temperature``, default 0) episodes on the *test* split of the
+  training suite, a fixed task set per (suite, level, n) so that champion and challenger see the same tasks.
+- **Forgetting probe** (architecture.md): (a) held-out tasks of the other built-in suite
+  (``eval/probe_success_rate``), and (b) a fixed set of general prompts whose reference answers are the
+  *base* model's own greedy answers; the student is scored by the per-token KL(base ‖ student) and the NLL
+  increase over the base on those answers (``eval/forgetting_kl``, ``eval/forgetting_delta``, nats/token;
+  both 0 for the base itself).
+- **Drift**: mean generated tokens per episode (``eval/mean_response_tokens``) and the share of tool calls
+  that were malformed or invalid (``eval/malformed_call_rate``); the gate compares them with the champion's.
+
+All metric names are stable; they are logged to MLflow as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lopd_core.rollout.trajectory import Trajectory
+
+EVAL_SEED = 10_007
+"""Task seed of the held-out sets (fixed, so every model version is scored on the same tasks)."""
+
+GENERAL_PROMPTS = [
+    "Explain in two sentences why the sky is blue.",
+    "Write a short haiku about autumn leaves.",
+    "What is the difference between a list and a tuple in Python?",
+    "Give three tips for writing a clear email.",
+    "Summarise the plot of Romeo and Juliet in one paragraph.",
+    "How many minutes are there in three and a half hours? Show the calculation.",
+    "Translate 'Good morning, how are you?' into French.",
+    "What is photosynthesis? Answer briefly.",
+    "Name three countries in South America and their capitals.",
+    "Describe what a binary search does.",
+    "Suggest a healthy breakfast and say why it is healthy.",
+    "What causes the seasons on Earth?",
+    "Write a one-sentence definition of machine learning.",
+    "List the planets of the solar system in order from the sun.",
+    "Why should you back up your files? Give two reasons.",
+    "What is 17 multiplied by 23?",
+]
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    trajectories: list[Trajectory] = field(default_factory=list)
+    probe_trajectories: list[Trajectory] = field(default_factory=list)
+
+
+def other_suite(suite_name: str) -> str:
+    return {"toolworld": "codegen", "codegen": "toolworld"}.get(suite_name, "")
+
+
+def episode_metrics(trajectories: list[Trajectory], prefix: str = "eval") -> dict[str, float]:
+    if not trajectories:
+        return {f"{prefix}/n": 0.0}
+    calls = sum(t.n_tool_calls for t in trajectories)
+    invalid = sum(t.n_invalid_tool_calls for t in trajectories)
+    return {
+        f"{prefix}/success_rate": sum(t.success for t in trajectories) / len(trajectories),
+        f"{prefix}/mean_reward": statistics.fmean(t.reward for t in trajectories),
+        f"{prefix}/mean_response_tokens": statistics.fmean(t.n_generated for t in trajectories),
+        f"{prefix}/malformed_call_rate": invalid / calls if calls else 0.0,
+        f"{prefix}/error_rate": sum(t.status == "error" for t in trajectories) / len(trajectories),
+        f"{prefix}/n": float(len(trajectories)),
+    }
+
+
+def run_suite(model, tokenizer, suite_name: str, *, cfg, split: str, n_tasks: int, seed: int,
+              policy_version: str, temperature: float, progress: bool = False, cycle_id: str = "",
+              step: int = -1) -> list[Trajectory]:
+    """Generate ``n_tasks`` episodes of a suite with the hf engine on ``model`` (already on its device)."""
+    from lopd_core.envs import get_suite
+    from lopd_core.rollout.agent import run_episodes
+    from lopd_core.rollout.engines import make_engine
+    from lopd_core.rollout.engines.base import SamplingParams
+
+    suite = get_suite(suite_name)
+    tasks = suite.tasks(split, n_tasks, level=cfg.rollout.level, seed=seed)
+    engine = make_engine("hf", model, tokenizer, batch_size=cfg.rollout.batch_size)
+    sampling = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                              max_new_tokens=cfg.rollout.max_new_tokens, seed=seed)
+    return run_episodes(engine, tokenizer, suite, tasks, max_turns=cfg.rollout.max_turns,
+                        max_trajectory_tokens=cfg.rollout.max_trajectory_tokens, sampling=sampling,
+                        observation_max_chars=cfg.rollout.observation_max_chars, policy_version=policy_version,
+                        step=step, cycle_id=cycle_id, progress=progress)
+
+
+# --------------------------------------------------------------------------------------------------
+# General-prompt probe
+def _chat_ids(tokenizer, prompt: str) -> list[int]:
+    from lopd_core.rollout.chat import render_prompt_ids
+
+    return render_prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
+
+
+@torch.no_grad()
+def base_reference_answers(base_model, tokenizer, prompts: list[str], *, max_new_tokens: int = 48) -> list[list[int]]:
+    """The base model's greedy answers (token ids) to the general prompts."""
+    device = next(base_model.parameters()).device
+    answers = []
+    for prompt in prompts:
+        ids = torch.tensor([_chat_ids(tokenizer, prompt)], device=device)
+        out = base_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                  do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        answers.append(out[0, ids.shape[1]:].tolist())
+    return answers
+
+
+@torch.no_grad()
+def _answer_logprobs(model, tokenizer, prompt: str, answer: list[int]) -> torch.Tensor:
+    """Log-softmax over the vocabulary at each answer position: [len(answer), V]."""
+    device = next(model.parameters()).device
+    prompt_ids = _chat_ids(tokenizer, prompt)
+    ids = torch.tensor([prompt_ids + answer], device=device)
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
+    start = len(prompt_ids) - 1
+    return torch.log_softmax(logits[start:start + len(answer)], dim=-1)
+
+
+def general_prompt_forgetting(student, base_model, tokenizer, prompts: list[str],
+                              references: list[list[int]]) -> dict[str, float]:
+    """Per-token KL(base ‖ student) and NLL(student) − NLL(base) on the base's own answers."""
+    kl_sum, dnll_sum, n = 0.0, 0.0, 0
+    for prompt, answer in zip(prompts, references, strict=True):
+        if not answer:
+            continue
+        lp_s = _answer_logprobs(student, tokenizer, prompt, answer)
+        lp_b = _answer_logprobs(base_model, tokenizer, prompt, answer)
+        target = torch.tensor(answer, device=lp_s.device).unsqueeze(-1)
+        kl_sum += (lp_b.exp() * (lp_b - lp_s)).sum().item()
+        dnll_sum += (lp_b.gather(-1, target) - lp_s.gather(-1, target)).sum().item()
+        n += len(answer)
+    if n == 0:
+        return {}
+    return {"eval/forgetting_kl": kl_sum / n, "eval/forgetting_delta": dnll_sum / n}
+
+
+def cached_references(cache_file: Path, base_model, tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Reference answers are computed once per base model and cached next to the workspace's runs."""
+    if cache_file.exists():
+        data = json.loads(cache_file.read_text())
+        if data.get("prompts") == prompts:
+            return data["answers"]
+    answers = base_reference_answers(base_model, tokenizer, prompts)
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    cache_file.write_text(json.dumps({"prompts": prompts, "answers": answers}))
+    return answers
+
+
+# --------------------------------------------------------------------------------------------------
+def evaluate(student, tokenizer, *, cfg, suite_name: str, policy_version: str, base_model=None,
+             reference_cache: Path | None = None, progress: bool = False, with_probe: bool = True,
+             cycle_id: str = "") -> EvalResult:
+    """Held-out success + drift metrics on ``suite_name``, and (``with_probe``) the forgetting probe."""
+    student.eval()
+    trajectories = run_suite(student, tokenizer, suite_name, cfg=cfg, split="test", n_tasks=cfg.evaluate.n_tasks,
+                             seed=EVAL_SEED, policy_version=policy_version, temperature=cfg.evaluate.temperature,
+                             progress=progress, cycle_id=cycle_id)
+    metrics: dict[str, Any] = episode_metrics(trajectories)
+    probe_trajs: list[Trajectory] = []
+    if with_probe:
+        probe_name = cfg.evaluate.probe_suite if cfg.evaluate.probe_suite != "auto" else other_suite(suite_name)
+        if probe_name and cfg.evaluate.probe_n_tasks:
+            probe_trajs = run_suite(student, tokenizer, probe_name, cfg=cfg, split="test",
+                                    n_tasks=cfg.evaluate.probe_n_tasks, seed=EVAL_SEED,
+                                    policy_version=policy_version, temperature=cfg.evaluate.temperature,
+                                    cycle_id=cycle_id)
+            metrics["eval/probe_success_rate"] = episode_metrics(probe_trajs, "probe")["probe/success_rate"]
+        if base_model is not None and cfg.evaluate.probe_prompts:
+            prompts = GENERAL_PROMPTS[: cfg.evaluate.probe_prompts]
+            refs = (cached_references(reference_cache, base_model, tokenizer, prompts) if reference_cache
+                    else base_reference_answers(base_model, tokenizer, prompts))
+            metrics.update(general_prompt_forgetting(student, base_model, tokenizer, prompts, refs))
+    return EvalResult(metrics=metrics, trajectories=trajectories, probe_trajectories=probe_trajs)
