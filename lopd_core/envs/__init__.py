@@ -1,1 +1,65 @@
-"""envs."""
+"""Task suites and verifiers: ``get_suite(name_or_path)`` is the one entry point.
+
+Built in: ``toolworld`` (procedural multi-turn tool use), ``codegen`` (procedural function writing with
+hidden unit tests), ``humaneval`` (HumanEval's 164 problems, test split only) and ``bfcl`` (BFCL v4
+single-turn function calling, test split only, levels 1–4 = simple, multiple, parallel,
+parallel_multiple). Anything else is read as the path of a plug-in suite YAML
+(see ``docs/plugin-suites.md``). Every model-generated program runs in :mod:`lopd_core.envs.sandbox`.
+
+Suites are imported lazily: importing this package costs nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lopd_core.envs.base import Environment, EpisodeResult, Split, StepResult, Suite, Task
+
+BUILTIN_SUITES = ("toolworld", "codegen", "humaneval", "bfcl")
+
+__all__ = ["BUILTIN_SUITES", "Environment", "EpisodeResult", "Split", "StepResult", "Suite", "Task",
+           "get_suite", "list_suites"]
+
+_CACHE: dict[str, Suite] = {}
+
+
+def get_suite(name_or_path: str) -> Suite:
+    """A built-in suite by name, or a plug-in suite from the path of its YAML file."""
+    key = str(name_or_path)
+    if key in _CACHE:
+        return _CACHE[key]
+    if key == "toolworld":
+        from lopd_core.envs.toolworld import ToolWorldSuite
+
+        suite: Suite = ToolWorldSuite()
+    elif key == "codegen":
+        from lopd_core.envs.codegen import CodegenSuite
+
+        suite = CodegenSuite()
+    elif key == "humaneval":
+        from lopd_core.envs.humaneval import HumanEvalSuite
+
+        suite = HumanEvalSuite()
+    elif key == "bfcl":
+        from lopd_core.envs.bfcl import BFCLSuite
+
+        suite = BFCLSuite()
+    elif key.endswith((".yaml", ".yml")) or Path(key).exists():
+        from lopd_core.envs.plugin import load_plugin_suite
+
+        suite = load_plugin_suite(Path(key))
+    else:
+        raise ValueError(f"unknown suite {key!r}: use one of {', '.join(BUILTIN_SUITES)} or the path of a "
+                         "plug-in suite YAML (see docs/plugin-suites.md)")
+    _CACHE[key] = suite
+    return suite
+
+
+def list_suites() -> list[dict[str, str]]:
+    """The built-in suites with their kind and a one-line description."""
+    return [
+        {"name": "toolworld", "kind": "tool", "description": "procedural multi-turn tool use: shop, calendar, weather, bank"},
+        {"name": "codegen", "kind": "code", "description": "procedural Python function writing, hidden unit tests"},
+        {"name": "humaneval", "kind": "code", "description": "HumanEval (164 problems, test split), pass@1 in our sandbox"},
+        {"name": "bfcl", "kind": "tool", "description": "BFCL v4 single-turn function calling (test split), AST checker"},
+    ]

@@ -440,9 +440,19 @@ def _classify(exit_code, signum, err: _Capped, timed_out: bool, output_killed: b
     return "error", f"exit code {exit_code}" + (f": {last.strip()[:200]}" if last else "")
 
 
-def run_batch(programs: list[str] | list[dict[str, str]], *, limits: SandboxLimits | None = None,
-              workers: int | None = None, program: str = "main.py") -> list[Verdict]:
-    """Run many programs concurrently; each item is source code (run as main.py) or a files dict.
+@dataclass
+class SandboxJob:
+    """One program for :func:`run_batch`: the files of its directory, which one to run, its stdin."""
+
+    files: dict[str, str]
+    program: str = "main.py"
+    stdin: str = ""
+
+
+def run_batch(programs: list[str | dict[str, str] | SandboxJob], *, limits: SandboxLimits | None = None,
+              workers: int | None = None) -> list[Verdict]:
+    """Run many programs concurrently; an item is source code (run as main.py), a files dict (main.py is
+    run) or a :class:`SandboxJob`.
 
     Verdicts come back in input order. ``workers`` defaults to the number of CPU cores (each sandbox is one
     interpreter; more workers than cores only adds contention).
@@ -453,7 +463,9 @@ def run_batch(programs: list[str] | list[dict[str, str]], *, limits: SandboxLimi
     def one(item):
         if isinstance(item, str):
             return run_python(item, limits=limits)
-        return run_files(item, program, limits=limits)
+        if isinstance(item, SandboxJob):
+            return run_files(item.files, item.program, limits=limits, stdin=item.stdin)
+        return run_files(item, "main.py", limits=limits)
 
     if workers == 1 or len(programs) <= 1:
         return [one(p) for p in programs]

@@ -1,0 +1,191 @@
+"""toolworld: procedural multi-turn tool use over small simulated domains (shop, calendar, weather, bank).
+
+Each domain is a state (plain JSON: records keyed by id), a class of typed, documented tool methods acting
+on it (schemas via ``get_json_schema``), a system prompt with a one-shot example call, and task *kinds*
+per difficulty level. A kind draws entities and a state, and returns a :class:`Blueprint`: the user's
+request, the calls of a correct solution (1 call at level 1 up to 4 at level 4), the items the final
+answer must mention and the oracle's final answer. Replaying the oracle's calls on a copy of the state
+gives the expected final state and the oracle transcript (``Task.oracle``).
+
+Split: every kind has separate train and test phrasings, and every entity pool (people, cities, products,
+meeting titles, id prefixes) is split in two, so a test task shares neither its wording nor its entities
+with any training task. Tasks are deterministic in (split, level, seed, index); domains rotate so that
+families are balanced.
+
+Reward: the checklist of :mod:`lopd_core.envs.tool_env` (calls, state changes, answer items).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from lopd_core.envs.base import Split, Task
+from lopd_core.envs.tool_env import (
+    AnswerItem,
+    Checklist,
+    ToolUseEnvironment,
+    oracle_transcript,
+    score_checklist,
+)
+from lopd_core.envs.tools import Toolbox, ToolCall, format_tool_call, schema_of
+
+LEVELS = (1, 2, 3, 4)
+
+
+@dataclass
+class Blueprint:
+    instruction: str
+    state: dict[str, Any]
+    calls: list[tuple[str, dict[str, Any]]]
+    """The calls of a correct solution, in order."""
+    answer: list[AnswerItem]
+    final_answer: str
+    checked_calls: list[int] | None = None
+    """Indices of ``calls`` that the checklist requires (None = all)."""
+
+
+Kind = Callable[[random.Random, Split], Blueprint]
+
+
+@dataclass
+class Domain:
+    name: str
+    tools_class: type
+    """Instantiated with the state dict; its public methods listed in ``tool_names`` are the tools."""
+    tool_names: list[str]
+    system_prompt: str
+    kinds: dict[int, list[Kind]]
+    _schemas: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        if not self._schemas:
+            probe = self.tools_class({})
+            self._schemas = [schema_of(getattr(probe, n)) for n in self.tool_names]
+        return self._schemas
+
+    def toolbox(self, state: dict[str, Any]) -> tuple[Toolbox, Callable[[], dict[str, Any]]]:
+        tools = self.tools_class(state)
+        box = Toolbox({n: getattr(tools, n) for n in self.tool_names}, self.schemas)
+        return box, lambda: tools.state
+
+
+def system_prompt(role: str, example_request: str, example_call: tuple[str, dict[str, Any]]) -> str:
+    """Compact domain prompt: role, the rule, a one-shot example call, how to finish."""
+    return (f"{role} Use the tools to look things up and to make changes; never invent data.\n"
+            f'Example. User: "{example_request}" You: {format_tool_call(*example_call)}\n'
+            "After the tool responses, answer the user in one short sentence (no tool call).")
+
+
+def pick(rng: random.Random, pools: dict[str, list[Any]], split: Split, k: int = 1) -> list[Any]:
+    """k distinct entities from the split's half of a pool."""
+    return rng.sample(pools[split], k)
+
+
+def phrase(rng: random.Random, phrasings: dict[str, list[str]], split: Split, **values: Any) -> str:
+    return rng.choice(phrasings[split]).format(**values)
+
+
+def ident(rng: random.Random, split: Split, width: int = 3) -> str:
+    """An id whose prefix letter is from the split's half of the alphabet (entities never cross splits)."""
+    letters = "ABCDEFGHJKLM" if split == "train" else "NPQRSTUVWXYZ"
+    return rng.choice(letters) + "".join(rng.choice("0123456789") for _ in range(width))
+
+
+# --------------------------------------------------------------------------------------------------
+def _domains() -> dict[str, Domain]:
+    from lopd_core.envs.toolworld import bank, calendar, shop, weather
+
+    return {d.name: d for d in (shop.DOMAIN, calendar.DOMAIN, weather.DOMAIN, bank.DOMAIN)}
+
+
+class ToolWorldSuite:
+    name = "toolworld"
+    kind: Literal["tool", "code"] = "tool"
+
+    def __init__(self) -> None:
+        self.domains = _domains()
+
+    def tasks(self, split: Split, n: int, *, level: int = 1, seed: int = 0) -> list[Task]:
+        if split not in ("train", "test"):
+            raise ValueError(f"toolworld: split must be 'train' or 'test' (got {split!r})")
+        if level not in LEVELS:
+            raise ValueError(f"toolworld: level must be one of {LEVELS} (got {level})")
+        names = sorted(self.domains)
+        return [self._task(split, level, seed, i, self.domains[names[i % len(names)]]) for i in range(n)]
+
+    def _task(self, split: Split, level: int, seed: int, index: int, domain: Domain) -> Task:
+        task_id = f"toolworld/{split}/L{level}/s{seed}/{index:05d}"
+        rng = random.Random(task_id)
+        kind = rng.choice(domain.kinds[level])
+        bp = kind(rng, split)
+        calls = [ToolCall(name, args) for name, args in bp.calls]
+        box, state_of = domain.toolbox(_copy(bp.state))
+        oracle = oracle_transcript(box, calls, bp.final_answer)
+        checked = calls if bp.checked_calls is None else [calls[i] for i in bp.checked_calls]
+        checklist = {
+            "calls": [c.to_dict() for c in checked],
+            "answer": [a.to_dict() for a in bp.answer],
+            "expected_state": state_of(),
+        }
+        return Task(
+            task_id=task_id, suite=self.name, family=f"{domain.name}/{kind.__name__}", split=split, level=level,
+            instruction=bp.instruction, tools=domain.schemas,
+            payload={"domain": domain.name, "kind": kind.__name__, "initial_state": bp.state, "checklist": checklist,
+                     "oracle_turns": [format_tool_call(c.name, c.arguments) for c in calls] + [bp.final_answer]},
+            oracle=oracle,
+        )
+
+    def make_env(self, task: Task) -> ToolUseEnvironment:
+        try:
+            domain = self.domains[task.payload["domain"]]
+        except KeyError:
+            raise ValueError(f"task {task.task_id} is not a toolworld task (payload.domain missing or unknown)") from None
+        spec = task.payload["checklist"]
+        checklist = Checklist(
+            calls=[ToolCall(c["name"], c["arguments"]) for c in spec["calls"]],
+            answer=[AnswerItem(**a) for a in spec["answer"]],
+            initial_state=task.payload["initial_state"], expected_state=spec["expected_state"],
+        )
+
+        def scorer(calls, final_answer, final_state):
+            return score_checklist(checklist, calls=calls, final_answer=final_answer, final_state=final_state)
+
+        return ToolUseEnvironment(task, domain.toolbox, scorer, system_prompt=domain.system_prompt)
+
+
+def _copy(state: dict[str, Any]) -> dict[str, Any]:
+    import copy
+
+    return copy.deepcopy(state)
+
+
+# Entity pools: the train half and the test half never share a value.
+PEOPLE = {
+    "train": ["Alice Moreau", "Bram Jensen", "Chloe Park", "Diego Alvarez", "Elena Rossi", "Farid Haddad",
+              "Grace Liu", "Hugo Lambert", "Ines Costa", "Jonas Weber", "Keiko Tanaka", "Liam O'Brien",
+              "Maya Patel", "Nils Berg", "Olga Petrova", "Pablo Ruiz"],
+    "test": ["Quinn Foster", "Rosa Marin", "Sven Olsen", "Tara Singh", "Umar Khan", "Vera Novak",
+             "Wen Zhao", "Ximena Torres", "Yusuf Demir", "Zoe Martin", "Arjun Mehta", "Bea Schulz"],
+}
+CITIES = {
+    "train": ["Lisbon", "Oslo", "Nairobi", "Lima", "Osaka", "Dublin", "Cairo", "Denver", "Hanoi", "Perth",
+              "Porto", "Quito", "Seville", "Tallinn"],
+    "test": ["Reykjavik", "Accra", "Bogota", "Kyoto", "Glasgow", "Tunis", "Austin", "Manila", "Adelaide",
+             "Krakow", "Valencia", "Riga"],
+}
+PRODUCTS = {
+    "train": ["desk lamp", "water bottle", "yoga mat", "coffee grinder", "backpack", "phone case", "notebook",
+              "headphones", "tea kettle", "umbrella", "bike light", "plant pot"],
+    "test": ["wool scarf", "chess set", "travel mug", "desk fan", "hiking socks", "picture frame", "kitchen scale",
+             "bluetooth speaker", "rain jacket", "wall clock"],
+}
+TITLES = {
+    "train": ["design review", "budget sync", "team standup", "client call", "1:1 with manager", "sprint planning",
+              "lunch with Sam", "dentist", "hiring panel", "roadmap workshop"],
+    "test": ["board prep", "vendor demo", "retro", "yoga class", "quarterly review", "parent meeting",
+             "code walkthrough", "coffee with Ana"],
+}

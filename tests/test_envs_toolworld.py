@@ -1,0 +1,144 @@
+"""toolworld: determinism, the train/test split, oracle replays, the checklist reward and its feedback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lopd_core.envs import get_suite
+from lopd_core.envs.base import Environment, Suite
+from lopd_core.envs.toolworld import CITIES, PEOPLE, PRODUCTS, TITLES
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return get_suite("toolworld")
+
+
+def _play(suite, task, turns):
+    env = suite.make_env(task)
+    env.reset(task)
+    steps = []
+    for text in turns:
+        step = env.step(text)
+        steps.append(step)
+        if step.done:
+            break
+    return env.result(), steps
+
+
+def test_protocols_and_determinism(suite):
+    assert isinstance(suite, Suite) and suite.kind == "tool"
+    a = suite.tasks("train", 12, level=2, seed=3)
+    b = suite.tasks("train", 12, level=2, seed=3)
+    assert [t.task_id for t in a] == [t.task_id for t in b]
+    assert [t.instruction for t in a] == [t.instruction for t in b]
+    assert [json.dumps(t.payload, sort_keys=True) for t in a] == [json.dumps(t.payload, sort_keys=True) for t in b]
+    assert suite.tasks("train", 4, level=2, seed=3)[2].instruction == a[2].instruction  # prefix-stable
+    assert suite.tasks("train", 12, level=2, seed=4)[0].instruction != a[0].instruction or \
+        suite.tasks("train", 12, level=2, seed=4)[1].instruction != a[1].instruction
+    assert isinstance(suite.make_env(a[0]), Environment)
+    assert {t.family.split("/")[0] for t in a} == {"shop", "calendar", "weather", "bank"}
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4])
+def test_oracle_scores_one_on_every_domain(suite, level):
+    for split in ("train", "test"):
+        for task in suite.tasks(split, 16, level=level, seed=1):
+            result, steps = _play(suite, task, task.payload["oracle_turns"])
+            assert result.reward == 1.0 and result.success, (task.task_id, result.feedback)
+            assert steps[-1].done and sum(s.tool_calls for s in steps) == len(task.payload["oracle_turns"]) - 1
+            assert task.oracle and task.oracle.endswith(task.payload["oracle_turns"][-1])
+            calls_needed = len(task.payload["checklist"]["calls"])
+            assert 1 <= calls_needed <= 4
+
+
+def test_levels_need_more_calls(suite):
+    def mean_calls(level):
+        tasks = suite.tasks("train", 32, level=level)
+        return sum(len(t.payload["oracle_turns"]) - 1 for t in tasks) / len(tasks)
+
+    means = [mean_calls(level) for level in (1, 2, 3, 4)]
+    assert means == sorted(means) and means[0] == 1 and means[3] >= 3.5
+
+
+def test_train_and_test_share_no_wording_or_entity(suite):
+    train = suite.tasks("train", 200, level=1) + suite.tasks("train", 200, level=3)
+    test = suite.tasks("test", 120, level=1) + suite.tasks("test", 120, level=3)
+    assert not {t.instruction for t in train} & {t.instruction for t in test}
+    for pools in (PEOPLE, CITIES, PRODUCTS, TITLES):
+        assert not set(pools["train"]) & set(pools["test"])
+    test_entities = PEOPLE["test"] + CITIES["test"] + PRODUCTS["test"] + TITLES["test"]
+    for task in train:
+        assert not any(e in task.instruction for e in test_entities), task.instruction
+    # Templates: strip entities → the phrasing skeletons differ too.
+    assert not {t.payload["kind"] + "|" + _skeleton(t) for t in train} & {t.payload["kind"] + "|" + _skeleton(t) for t in test}
+
+
+def _skeleton(task) -> str:
+    import re
+
+    text = task.instruction
+    for pools in (PEOPLE, CITIES, PRODUCTS, TITLES):
+        for e in pools["train"] + pools["test"]:
+            text = text.replace(e, "<E>")
+    return re.sub(r"[A-Z]\d{3}|\d[\d:.-]*", "<N>", text)
+
+
+def test_partial_credit_and_feedback_list_unmet_items(suite):
+    task = next(t for t in suite.tasks("train", 40, level=3) if t.payload["domain"] == "bank")
+    first_call = task.payload["oracle_turns"][0]
+    result, _ = _play(suite, task, [first_call, "Sorry, I could not finish."])
+    assert 0 < result.reward < 1 and not result.success
+    assert "unmet call" in result.feedback and "transfer" in result.feedback
+    assert result.checklist["total"] >= 4
+    # Doing nothing earns nothing, not even the "no other record changed" item.
+    result, _ = _play(suite, task, ["I won't do that."])
+    assert result.reward == 0.0
+
+
+def test_invalid_calls_become_observations(suite):
+    task = suite.tasks("train", 4, level=1)[0]
+    env = suite.make_env(task)
+    env.reset(task)
+    step = env.step('<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>')
+    assert not step.done and step.invalid_tool_calls == 1 and "unknown function" in step.observation
+    step = env.step("<tool_call>{oops</tool_call>")
+    assert step.invalid_tool_calls == 1 and "not valid JSON" in step.observation
+    assert step.observation.startswith("<tool_response>") and step.role == "tool"
+    step = env.step('<tool_call>{"name": "get_balance", "arguments": {"account": 5}}</tool_call>')
+    assert step.invalid_tool_calls == 1 and "missing required argument" in step.observation
+    result = env.result()
+    assert result.reward == 0.0 and "no final answer" in result.feedback
+
+
+def test_unintended_change_is_penalised(suite):
+    task = next(t for t in suite.tasks("train", 40, level=1) if t.payload["kind"] == "order_status")
+    oid = next(iter(task.payload["initial_state"]["orders"]))
+    wrong = [o for o, rec in task.payload["initial_state"]["orders"].items() if rec["status"] == "processing"]
+    turns = list(task.payload["oracle_turns"])
+    if wrong:
+        turns.insert(1, f'<tool_call>{{"name": "cancel_order", "arguments": {{"order_id": "{wrong[0]}"}}}}</tool_call>')
+        result, _ = _play(suite, task, turns)
+        assert result.reward == 0.5 and result.checklist["unintended_changes"]
+    assert oid
+
+
+def test_prompt_renders_compactly_with_the_tiny_tokenizer(suite, tiny_tokenizer):
+    from lopd_core.rollout.chat import render_prompt_ids
+
+    for task in suite.tasks("train", 8, level=1):
+        messages = suite.make_env(task).reset(task)
+        assert "<tool_call>" in messages[0]["content"]  # the one-shot example
+        ids = render_prompt_ids(tiny_tokenizer, messages, task.tools)
+        assert 150 < len(ids) < 700, len(ids)
+
+
+def test_bad_arguments_are_clear_errors(suite):
+    with pytest.raises(ValueError, match="level"):
+        suite.tasks("train", 2, level=9)
+    with pytest.raises(ValueError, match="split"):
+        suite.tasks("dev", 2)
+    with pytest.raises(ValueError, match="unknown suite"):
+        get_suite("nonsense")
