@@ -104,7 +104,9 @@ def extract_code(answer: str, function: str | None = None) -> str:
                     return body.strip("\n")
         return blocks[0][1].strip("\n")
     match = _CODE_START_RE.search(answer)
-    code = answer[match.start():] if match else answer
+    if not match:
+        return answer.strip("\n").rstrip()  # keep leading indentation: it may be a bare function body
+    code = answer[match.start():]
     lines = code.rstrip().splitlines()
     while lines:
         candidate = "\n".join(lines)
