@@ -1,0 +1,113 @@
+"""Records ↔ frames: Trajectory lists to contract frames and back, experience rows to retrieval records.
+
+The encoding is the one :mod:`data_contracts.models` documents: nested structures become JSON text, per-token
+arrays stay list cells, every row gets ``schema_version``. ``frame_to_trajectories(trajectories_to_frame(t))
+== t`` for any well-formed list ``t`` (tested). Decoding accepts numpy arrays in list cells (LanceDB returns
+them) and turns them back into plain Python lists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import MISSING, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from data_contracts.models import JSON_COLUMNS, SCHEMA_VERSION, TrajectorySchema, contract_columns
+from lopd_core.memory.base import Experience
+from lopd_core.rollout.trajectory import Trajectory
+
+_LIST_FIELDS = ("token_ids", "assistant_mask", "sampling_logprobs")
+_TRAJECTORY_JSON = JSON_COLUMNS["trajectories"]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def trajectory_to_row(traj: Trajectory) -> dict[str, Any]:
+    row = traj.to_dict()
+    for name in _TRAJECTORY_JSON:
+        row[name] = json.dumps(row[name], ensure_ascii=False, sort_keys=True)
+    for name in _LIST_FIELDS:
+        row[name] = list(row[name])
+    row["schema_version"] = SCHEMA_VERSION
+    return row
+
+
+def trajectories_to_frame(trajectories: Iterable[Trajectory]) -> pd.DataFrame:
+    """A frame in :class:`TrajectorySchema`'s column order (not yet validated)."""
+    rows = [trajectory_to_row(t) for t in trajectories]
+    return pd.DataFrame(rows, columns=contract_columns(TrajectorySchema))
+
+
+def records_to_trajectory_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """A frame from loose dicts (e.g. JSONL lines): the record's defaults fill optional fields, nested values
+    are JSON-encoded, and a missing required field stays missing (NaN) so validation quarantines that row.
+    Unknown keys are kept as columns, so the strict contract rejects them instead of losing them."""
+    defaults: dict[str, Any] = {}
+    for f in fields(Trajectory):
+        if f.default is not MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not MISSING and f.name not in ("episode_id",):
+            defaults[f.name] = f.default_factory()
+    rows = []
+    for record in records:
+        row = {**defaults, **record}
+        if not row.get("trajectory_id") and row.get("episode_id"):
+            row["trajectory_id"] = row["episode_id"]
+        for name in _TRAJECTORY_JSON:
+            if name in row and not isinstance(row[name], str):
+                row[name] = json.dumps(row[name], ensure_ascii=False, sort_keys=True, default=str)
+        row.setdefault("schema_version", SCHEMA_VERSION)
+        rows.append(row)
+    columns = contract_columns(TrajectorySchema)
+    extra = sorted({k for r in rows for k in r} - set(columns))
+    return pd.DataFrame(rows, columns=columns + extra)
+
+
+def row_to_trajectory(row: dict[str, Any]) -> Trajectory:
+    data = {k: _plain(v) for k, v in row.items()}
+    for name in _TRAJECTORY_JSON:
+        if isinstance(data.get(name), str):
+            data[name] = json.loads(data[name])
+    for name in _LIST_FIELDS:
+        if name in data:
+            data[name] = [_plain(x) for x in data[name]]
+    names = {f.name for f in fields(Trajectory)}
+    return Trajectory(**{k: v for k, v in data.items() if k in names})
+
+
+def frame_to_trajectories(frame: pd.DataFrame) -> list[Trajectory]:
+    """Decode a trajectories frame (as validated, or as read back from LanceDB)."""
+    return [row_to_trajectory(row) for row in frame.to_dict(orient="records")]
+
+
+def row_to_experience(row: dict[str, Any], *, score: float = 0.0) -> Experience:
+    """A retrieval record (:class:`lopd_core.memory.base.Experience`) from an experiences row."""
+    messages = row.get("messages", "[]")
+    return Experience(
+        experience_id=str(row["experience_id"]),
+        episode_id=str(row["episode_id"]),
+        task_id=str(row["task_id"]),
+        suite=str(row.get("suite", "")),
+        family=str(row.get("family", "")),
+        instruction=str(row["instruction"]),
+        text=str(row.get("text", "")),
+        messages=json.loads(messages) if isinstance(messages, str) else list(messages or []),
+        reward=float(row.get("reward", 1.0)),
+        step=int(row.get("step", -1)),
+        split=str(row.get("split", "train")),
+        score=float(score),
+    )
+
+
+def frame_to_experiences(frame: pd.DataFrame) -> list[Experience]:
+    return [row_to_experience(row) for row in frame.to_dict(orient="records")]

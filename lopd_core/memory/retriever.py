@@ -1,0 +1,171 @@
+"""Retrieval over a pinned version of the ``experiences`` table, with the leakage rules in the query.
+
+:class:`LanceRetriever` implements :class:`lopd_core.memory.base.Retriever`. It holds one table handle checked
+out at one version (``version=None`` pins the latest version *at open time*), so rows indexed later —
+by the same process or another — are invisible to it: a training run records ``retriever.version`` and
+sees exactly that data for its whole life.
+
+The leakage rules of :mod:`lopd_core.memory.base` become one SQL predicate (:func:`leakage_filter`) that
+LanceDB applies as a **prefilter**, before the top-k: the k results are the k nearest *allowed* rows, never
+"the k nearest, minus the forbidden ones". Similarity is cosine on unit vectors; ``score = 1 - distance``.
+
+Above ``index.vector_index_min_rows`` the table gets an IVF-PQ index (:func:`ensure_vector_index`) searched
+with ``nprobes`` partitions and exact re-ranking of ``refine_factor × k`` candidates; below it, search is
+exact. Not here: embedding and inserting experiences (:mod:`.indexing`).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lopd_core.memory.base import Experience, RetrievalQuery
+
+if TYPE_CHECKING:
+    from lopd_core.memory.store import ExperienceStore
+
+VECTOR_INDEX = "vector_idx"
+_RESULT_COLUMNS = ["experience_id", "episode_id", "task_id", "suite", "family", "instruction", "text", "messages",
+                   "reward", "step", "split", "_distance"]
+_KEEP_VERSIONS = timedelta(days=365 * 100)
+"""``optimize`` would delete versions older than 7 days by default; pinned versions must stay readable."""
+_REINDEX_SHARE = 0.1
+
+
+def leakage_filter(query: RetrievalQuery) -> str:
+    """The leakage rules as one SQL predicate over the experiences table."""
+    from lopd_core.memory.store import sql_literal
+
+    parts = ["split = 'train'"]
+    if query.episode_id:
+        parts.append(f"episode_id != {sql_literal(query.episode_id)}")
+    if query.exclude_same_task:
+        parts.append(f"task_id != {sql_literal(query.task_id)}")
+    if query.before_step is not None:
+        parts.append(f"step < {int(query.before_step)}")
+    return " AND ".join(parts)
+
+
+class LanceRetriever:
+    """Top-k cosine retrieval from one pinned ``experiences`` version, leakage rules prefiltered."""
+
+    def __init__(self, table, *, embedder, version: int, nprobes: int = 20, refine_factor: int = 5):
+        self.table = table
+        self.embedder = embedder
+        self.version = version
+        """The experiences-table version this retriever reads (0: the table did not exist)."""
+        self.nprobes = nprobes
+        self.refine_factor = refine_factor
+        self.has_vector_index = bool(table is not None and any(i.name == VECTOR_INDEX for i in table.list_indices()))
+        self._stats = {"queries": 0, "hits": 0, "queries_with_hits": 0, "same_task_hits": 0, "score_sum": 0.0}
+
+    @classmethod
+    def open(cls, store: ExperienceStore, *, version: int | None = None, **options) -> LanceRetriever:
+        if not store.has_table("experiences"):
+            if version:
+                raise ValueError(f"{store.uri}: no experiences table, so version {version} cannot be pinned")
+            return cls(None, embedder=store.embedder, version=0, **options)
+        table = store.open_table("experiences", version=version)
+        if version is None:
+            table.checkout(table.version)  # freeze: later writes must not leak into this retriever
+        embedder = store.embedder
+        first = table.search().select(["embedder"]).limit(1).to_list()
+        if first and first[0]["embedder"] != embedder.name:
+            raise ValueError(
+                f"the experiences table (version {table.version}) was embedded with '{first[0]['embedder']}', "
+                f"but index.embedder is '{store.embedder_name}' ({embedder.name}); set index.embedder to match, "
+                "or rebuild the table with `lopd memory index --rebuild`"
+            )
+        return cls(table, embedder=embedder, version=table.version, **options)
+
+    # ---------------------------------------------------------------------------------------------
+    def search_vector(self, vector: np.ndarray, *, k: int, where: str | None = None) -> list[Experience]:
+        """The k nearest rows to a unit ``vector`` that satisfy ``where`` (applied before the top-k)."""
+        from data_contracts.convert import row_to_experience
+
+        if self.table is None or k <= 0:
+            return []
+        query = (self.table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
+                 .distance_type("cosine").select(_RESULT_COLUMNS).limit(k))
+        if where:
+            query = query.where(where, prefilter=True)
+        if self.has_vector_index:
+            query = query.nprobes(self.nprobes).refine_factor(self.refine_factor)
+        return [row_to_experience(r, score=1.0 - float(r["_distance"])) for r in query.to_list()]
+
+    def explain(self, query: RetrievalQuery, k: int = 3) -> str:
+        """LanceDB's physical plan of a retrieval (shows the filter running below the KNN)."""
+        vector = self.embedder.encode([query.instruction])[0]
+        return (self.table.search(vector, vector_column_name="vector").distance_type("cosine")
+                .where(leakage_filter(query), prefilter=True).limit(k).explain_plan(True))
+
+    def retrieve(self, query: RetrievalQuery, k: int) -> list[Experience]:
+        return self.retrieve_batch([query], k)[0]
+
+    def retrieve_batch(self, queries: list[RetrievalQuery], k: int) -> list[list[Experience]]:
+        """One embedder call for all queries, then one filtered search per query."""
+        if not queries:
+            return []
+        if self.table is None:
+            results = [[] for _ in queries]
+        else:
+            vectors = self.embedder.encode([q.instruction for q in queries])
+            results = [self.search_vector(v, k=k, where=leakage_filter(q)) for q, v in zip(queries, vectors, strict=True)]
+        for query, hits in zip(queries, results, strict=True):
+            self._record(query, hits)
+        return results
+
+    # ---------------------------------------------------------------------------------------------
+    def _record(self, query: RetrievalQuery, hits: list[Experience]) -> None:
+        s = self._stats
+        s["queries"] += 1
+        s["hits"] += len(hits)
+        s["queries_with_hits"] += bool(hits)
+        s["same_task_hits"] += sum(h.task_id == query.task_id for h in hits)
+        s["score_sum"] += sum(h.score for h in hits)
+
+    def metrics(self) -> dict[str, float]:
+        """Retrieval metrics since creation (``memory/same_task_hit_rate`` is 0 unless same-task hits are allowed)."""
+        s = self._stats
+        q, h = s["queries"], s["hits"]
+        return {
+            "memory/queries": float(q),
+            "memory/hit_rate": s["queries_with_hits"] / q if q else 0.0,
+            "memory/hits_per_query": h / q if q else 0.0,
+            "memory/same_task_hit_rate": s["same_task_hits"] / h if h else 0.0,
+            "memory/mean_score": s["score_sum"] / h if h else 0.0,
+            "memory/table_version": float(self.version),
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+def ensure_vector_index(store: ExperienceStore, *, min_rows: int) -> dict[str, Any]:
+    """Build the IVF-PQ index once ``experiences`` has ``min_rows`` rows; fold new rows in when many are unindexed.
+
+    Returns what happened (``action``: 'none' | 'created' | 'optimized'). Each action is a new table version.
+    """
+    from lancedb.index import IvfPq
+
+    if not store.has_table("experiences"):
+        return {"action": "none", "rows": 0, "reason": "no experiences table"}
+    table = store.db.open_table("experiences")
+    rows = table.count_rows()
+    if rows < min_rows:
+        return {"action": "none", "rows": rows, "reason": f"below index.vector_index_min_rows={min_rows}"}
+    if not any(i.name == VECTOR_INDEX for i in table.list_indices()):
+        dim = table.schema.field("vector").type.list_size
+        sub_vectors = next((s for s in (dim // 8, dim // 4, dim // 2, 1) if s and dim % s == 0), 1)
+        partitions = max(1, min(int(np.sqrt(rows)), rows // 256 or 1))
+        table.create_index("vector", name=VECTOR_INDEX,
+                           config=IvfPq(distance_type="cosine", num_partitions=partitions,
+                                        num_sub_vectors=sub_vectors))
+        return {"action": "created", "rows": rows, "version": table.version, "num_partitions": partitions,
+                "num_sub_vectors": sub_vectors}
+    stats = table.index_stats(VECTOR_INDEX)
+    unindexed = int(getattr(stats, "num_unindexed_rows", 0) or 0)
+    if unindexed > _REINDEX_SHARE * rows:
+        table.optimize(cleanup_older_than=_KEEP_VERSIONS)
+        return {"action": "optimized", "rows": rows, "version": table.version, "was_unindexed": unindexed}
+    return {"action": "none", "rows": rows, "unindexed": unindexed}

@@ -1,0 +1,376 @@
+"""ExperienceStore: the LanceDB tables of the pipeline, with contract-checked, idempotent writes.
+
+Tables (one LanceDB directory or object-store URI, ``workspace.lance_uri``):
+
+===============  ===============  =================================================================
+table            key              rows
+===============  ===============  =================================================================
+trajectories     trajectory_id    every rollout, errored and truncated ones included
+curated          experience_id    the curation stage's selection (no embeddings), see curation.py
+experiences      experience_id    curated rows + retrieval ``vector`` (what the retriever searches)
+evaluations      eval_row_id      scored evaluation items
+quarantine       quarantine_id    rows that failed their contract, whole, with the failed checks
+===============  ===============  =================================================================
+
+Every write goes through the contract of :data:`data_contracts.CONTRACTS` (invalid rows → quarantine,
+:class:`data_contracts.StageQualityError` past the bad-share limit) and is an **idempotent upsert**: rows are
+keyed, each stored row carries a ``row_hash`` of its content, and only new or changed rows are sent to
+``merge_insert``. A write that changes nothing writes nothing, so **no new table version** appears (LanceDB
+itself commits a version for every ``merge_insert``, even an empty one — hence the check before it).
+
+Versions: every change is a LanceDB table version. A training run records ``store.version("experiences")``
+and reads exactly that version through :meth:`ExperienceStore.retriever` (see :mod:`.retriever`).
+
+Not here: curation rules (:mod:`.curation`), embedding and near-duplicate logic (:mod:`.indexing`),
+leakage filters (:mod:`.retriever`). LanceDB, pyarrow and pandas are imported inside, so importing
+``lopd_core`` never needs them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from lopd_core.memory.retriever import LanceRetriever
+
+TABLES = ("trajectories", "curated", "experiences", "evaluations", "quarantine")
+ROW_HASH = "row_hash"
+_KEY_CHUNK = 500
+_SCALAR_DTYPES = {"str": "string", "string[pyarrow]": "string", "string[python]": "string", "string": "string",
+                  "int64": "int64", "float64": "float64", "bool": "bool"}
+
+
+@dataclass
+class WriteResult:
+    """What one write did. ``version`` is the table version after it (unchanged when nothing changed)."""
+
+    table: str
+    version: int
+    n_input: int = 0
+    n_inserted: int = 0
+    n_updated: int = 0
+    n_unchanged: int = 0
+    n_deleted: int = 0
+    n_quarantined: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.n_inserted or self.n_updated or self.n_deleted)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "changed": self.changed}
+
+
+def sql_literal(value: str) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def sql_in(column: str, values) -> str:
+    return f"{column} IN ({', '.join(sql_literal(v) for v in values)})"
+
+
+def _canonical(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return [_canonical(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def content_hash(row: dict[str, Any], columns: list[str]) -> str:
+    blob = json.dumps([_canonical(row[c]) for c in columns], sort_keys=True, default=str, allow_nan=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def arrow_schema(table: str, *, vector_dim: int | None = None):
+    """The Arrow schema of a table, derived from its pandera contract (+ ``row_hash``)."""
+    import pyarrow as pa
+
+    from data_contracts.models import ARROW_LIST_TYPES, CONTRACTS
+
+    fields = []
+    for name, column in CONTRACTS[table].to_schema().columns.items():
+        dtype = str(column.dtype)
+        if name == "vector":
+            if not vector_dim:
+                raise ValueError("the experiences table needs the embedder's dimension (vector_dim)")
+            fields.append(pa.field(name, pa.list_(pa.float32(), vector_dim)))
+        elif name in ARROW_LIST_TYPES:
+            fields.append(pa.field(name, pa.list_(pa.from_numpy_dtype(ARROW_LIST_TYPES[name]))))
+        elif dtype in _SCALAR_DTYPES:
+            fields.append(pa.field(name, pa.type_for_alias(_SCALAR_DTYPES[dtype]), nullable=column.nullable))
+        else:
+            raise TypeError(f"contract column {table}.{name}: no Arrow type for pandera dtype {dtype}")
+    fields.append(pa.field(ROW_HASH, pa.string()))
+    return pa.schema(fields)
+
+
+class ExperienceStore:
+    """The pipeline's LanceDB tables. Safe to create many times; nothing is opened until used."""
+
+    def __init__(self, uri: str, *, embedder: str = "hash", embed_field: str = "task",
+                 vector_index_min_rows: int = 5000, embed_batch_size: int = 64,
+                 dedupe_threshold: float = 0.97, device: str = "cpu"):
+        self.uri = str(uri)
+        self.embedder_name = embedder
+        self.embed_field = embed_field
+        self.vector_index_min_rows = vector_index_min_rows
+        self.embed_batch_size = embed_batch_size
+        self.dedupe_threshold = dedupe_threshold
+        self.device = device
+        self._db = None
+
+    @classmethod
+    def from_config(cls, cfg) -> ExperienceStore:
+        """A store at ``cfg.workspace``'s LanceDB URI with the ``index``/``curation`` settings of ``cfg``."""
+        from lopd_core.workspace import Workspace
+
+        ws = Workspace.from_config(cfg.workspace).ensure()
+        return cls(ws.lance_uri, embedder=cfg.index.embedder, embed_field=cfg.index.embed_field,
+                   vector_index_min_rows=cfg.index.vector_index_min_rows,
+                   embed_batch_size=cfg.index.embed_batch_size, dedupe_threshold=cfg.curation.dedupe_threshold,
+                   device="cpu" if cfg.model.device == "auto" else cfg.model.device)
+
+    # ---------------------------------------------------------------------------------------------
+    @property
+    def db(self):
+        if self._db is None:
+            try:
+                import lancedb
+            except ImportError as e:
+                raise ImportError("the experience store needs lancedb: pip install -r requirements/cpu.txt") from e
+            self._db = lancedb.connect(self.uri)
+        return self._db
+
+    @property
+    def embedder(self):
+        from lopd_core.memory.embedder import make_embedder
+
+        return make_embedder(self.embedder_name, device=self.device)
+
+    def table_names(self) -> list[str]:
+        names, token = [], None
+        while True:
+            page = self.db.list_tables(page_token=token)
+            names.extend(page.tables)
+            token = page.page_token
+            if not token:
+                return names
+
+    def has_table(self, name: str) -> bool:
+        return name in self.table_names()
+
+    def open_table(self, name: str, *, version: int | None = None):
+        if name not in TABLES:
+            raise ValueError(f"unknown table '{name}' (tables: {', '.join(TABLES)})")
+        if not self.has_table(name):
+            raise FileNotFoundError(f"{self.uri}: table '{name}' does not exist yet (nothing was written to it)")
+        tbl = self.db.open_table(name)
+        if version is not None:
+            available = [v["version"] for v in tbl.list_versions()]
+            if version not in available:
+                raise ValueError(
+                    f"table '{name}' has no version {version} (available: {available[:3]}…{available[-3:]}); "
+                    "old versions are only removed by an explicit cleanup"
+                )
+            tbl.checkout(version)
+        return tbl
+
+    def _ensure_table(self, name: str, *, vector_dim: int | None = None):
+        if self.has_table(name):
+            return self.db.open_table(name)
+        return self.db.create_table(name, schema=arrow_schema(name, vector_dim=vector_dim), exist_ok=True)
+
+    def version(self, name: str) -> int:
+        """The latest version of a table; 0 when the table does not exist."""
+        return self.db.open_table(name).version if self.has_table(name) else 0
+
+    def list_versions(self, name: str) -> list[dict[str, Any]]:
+        if not self.has_table(name):
+            return []
+        return [{"version": v["version"], "timestamp": str(v["timestamp"]),
+                 "rows": int(v.get("metadata", {}).get("total_rows", -1))}
+                for v in self.db.open_table(name).list_versions()]
+
+    def count(self, name: str, *, where: str | None = None, version: int | None = None) -> int:
+        if not self.has_table(name):
+            return 0
+        return self.open_table(name, version=version).count_rows(where)
+
+    def read(self, name: str, *, where: str | None = None, columns: list[str] | dict[str, str] | None = None,
+             version: int | None = None) -> pd.DataFrame:
+        """Rows of a table as a contract frame (no ``row_hash``); an empty frame for a missing table.
+
+        ``columns`` may map output names to SQL expressions, e.g. ``{"n_tokens": "array_length(token_ids)"}``.
+        """
+        import pandas as pd
+
+        from data_contracts.models import CONTRACTS, contract_columns
+
+        selection = columns or contract_columns(CONTRACTS[name])
+        wanted = list(selection)
+        if not self.has_table(name):
+            return pd.DataFrame(columns=wanted)
+        tbl = self.open_table(name, version=version)
+        query = tbl.search().select(selection).limit(None)
+        if where:
+            query = query.where(where)
+        frame = query.to_arrow().to_pandas()
+        return frame[[c for c in wanted if c in frame.columns]]
+
+    # ---------------------------------------------------------------------------------------------
+    def _existing_hashes(self, tbl, key: str, keys: list[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for start in range(0, len(keys), _KEY_CHUNK):
+            chunk = keys[start:start + _KEY_CHUNK]
+            rows = tbl.search().where(sql_in(key, chunk)).select([key, ROW_HASH]).limit(len(chunk)).to_arrow()
+            found.update(zip(rows[key].to_pylist(), rows[ROW_HASH].to_pylist(), strict=True))
+        return found
+
+    def upsert(self, name: str, frame: pd.DataFrame, *, vector_dim: int | None = None) -> WriteResult:
+        """Merge already-valid contract rows on the table key; only new or changed rows are written."""
+        import pyarrow as pa
+
+        from data_contracts.models import CONTRACTS, contract_columns, contract_key, contract_volatile
+
+        contract = CONTRACTS[name]
+        key, columns = contract_key(contract), contract_columns(contract)
+        hashed = [c for c in columns if c not in contract_volatile(contract)]
+        if frame is None or len(frame) == 0:
+            return WriteResult(name, self.version(name))
+        records = [{c: _canonical(v) for c, v in row.items()} for row in frame[columns].to_dict(orient="records")]
+        for row in records:
+            row[ROW_HASH] = content_hash(row, hashed)
+        by_key = {str(r[key]): r for r in records}
+        if len(by_key) != len(records):
+            raise ValueError(f"upsert into '{name}': the frame repeats {key} values; validate it first")
+        tbl = self._ensure_table(name, vector_dim=vector_dim)
+        existing = self._existing_hashes(tbl, key, list(by_key))
+        fresh = [r for k, r in by_key.items() if k not in existing]
+        changed = [r for k, r in by_key.items() if k in existing and existing[k] != r[ROW_HASH]]
+        result = WriteResult(name, tbl.version, n_input=len(records), n_inserted=len(fresh), n_updated=len(changed),
+                             n_unchanged=len(records) - len(fresh) - len(changed))
+        if fresh or changed:
+            schema = tbl.schema
+            data = pa.Table.from_pylist(fresh + changed, schema=schema)
+            tbl.merge_insert(key).when_matched_update_all().when_not_matched_insert_all().execute(data)
+            result.version = tbl.version
+        return result
+
+    def delete_keys(self, name: str, keys: list[str]) -> WriteResult:
+        """Delete rows by key (no version when none of the keys is present)."""
+        from data_contracts.models import CONTRACTS, contract_key
+
+        if not keys or not self.has_table(name):
+            return WriteResult(name, self.version(name))
+        tbl = self.db.open_table(name)
+        key = contract_key(CONTRACTS[name])
+        present = list(self._existing_hashes(tbl, key, list(keys)))
+        for start in range(0, len(present), _KEY_CHUNK):
+            tbl.delete(sql_in(key, present[start:start + _KEY_CHUNK]))
+        return WriteResult(name, tbl.version, n_input=len(keys), n_deleted=len(present))
+
+    def write_validated(self, name: str, frame: pd.DataFrame, *, stage: str, cycle_id: str = "",
+                        max_bad_fraction: float | None = None, vector_dim: int | None = None) -> WriteResult:
+        """Validate against the table's contract, quarantine bad rows, upsert good ones; then apply the limit.
+
+        Both the valid rows and the quarantine rows are written *before* the bad-share limit can raise
+        :class:`data_contracts.StageQualityError`, so a failing stage still loses nothing.
+        """
+        from data_contracts.models import CONTRACTS
+        from data_contracts.validate import enforce_bad_share, validate_frame
+
+        contract = CONTRACTS[name]
+        valid, quarantine = validate_frame(frame, contract, stage=stage, cycle_id=cycle_id)
+        self.write_quarantine(quarantine)
+        result = self.upsert(name, valid, vector_dim=vector_dim)
+        result.n_input, result.n_quarantined = len(frame), len(quarantine)
+        if max_bad_fraction is not None:
+            enforce_bad_share(n_total=len(frame), n_bad=len(quarantine), limit=max_bad_fraction, stage=stage,
+                              contract=contract.Config.name, valid=valid, quarantine=quarantine)
+        return result
+
+    def write_quarantine(self, quarantine: pd.DataFrame) -> WriteResult:
+        return self.upsert("quarantine", quarantine)
+
+    # ---------------------------------------------------------------------------------------------
+    def write_trajectories(self, trajectories, *, stage: str = "rollouts", cycle_id: str = "",
+                           max_bad_fraction: float | None = None) -> WriteResult:
+        """Store rollouts (a list of :class:`Trajectory` or a trajectories frame), errored ones included."""
+        import pandas as pd
+
+        from data_contracts.convert import trajectories_to_frame
+
+        frame = trajectories if isinstance(trajectories, pd.DataFrame) else trajectories_to_frame(trajectories)
+        return self.write_validated("trajectories", frame, stage=stage, cycle_id=cycle_id,
+                                    max_bad_fraction=max_bad_fraction)
+
+    def read_trajectories(self, *, where: str | None = None, version: int | None = None) -> list:
+        from data_contracts.convert import frame_to_trajectories
+
+        return frame_to_trajectories(self.read("trajectories", where=where, version=version))
+
+    def write_evaluations(self, frame: pd.DataFrame, *, stage: str = "evaluate", cycle_id: str = "",
+                          max_bad_fraction: float | None = None) -> WriteResult:
+        return self.write_validated("evaluations", frame, stage=stage, cycle_id=cycle_id,
+                                    max_bad_fraction=max_bad_fraction)
+
+    # ---------------------------------------------------------------------------------------------
+    def ensure_vector_index(self, *, min_rows: int | None = None) -> dict[str, Any]:
+        from lopd_core.memory.retriever import ensure_vector_index
+
+        return ensure_vector_index(self, min_rows=self.vector_index_min_rows if min_rows is None else min_rows)
+
+    def retriever(self, *, version: int | None = None, **search_options) -> LanceRetriever:
+        """A :class:`~lopd_core.memory.base.Retriever` over ``experiences`` pinned at ``version`` (None = latest now)."""
+        from lopd_core.memory.retriever import LanceRetriever
+
+        return LanceRetriever.open(self, version=version, **search_options)
+
+    def status(self) -> dict[str, Any]:
+        tables = {}
+        for name in TABLES:
+            if not self.has_table(name):
+                tables[name] = {"rows": 0, "version": 0}
+                continue
+            tbl = self.db.open_table(name)
+            tables[name] = {"rows": tbl.count_rows(), "version": tbl.version, "n_versions": len(tbl.list_versions()),
+                            "indices": [f"{i.name}:{i.index_type}" for i in tbl.list_indices()]}
+        info: dict[str, Any] = {"uri": self.uri, "available": True, "tables": tables}
+        if tables["experiences"]["rows"]:
+            exp = self.read("experiences", columns=["suite", "family", "embedder"])
+            info["experiences"] = {"by_suite": exp["suite"].value_counts().to_dict(),
+                                   "by_family": exp["family"].value_counts().to_dict(),
+                                   "embedders": sorted(exp["embedder"].unique().tolist())}
+        if tables["trajectories"]["rows"]:
+            traj = self.read("trajectories", columns=["status", "split"])
+            info["trajectories"] = {"by_status": traj["status"].value_counts().to_dict(),
+                                    "by_split": traj["split"].value_counts().to_dict()}
+        if tables["quarantine"]["rows"]:
+            q = self.read("quarantine", columns=["contract", "stage"])
+            info["quarantine"] = {"by_contract": q["contract"].value_counts().to_dict(),
+                                  "by_stage": q["stage"].value_counts().to_dict()}
+        return info
+
+
+def store_status(uri: str) -> dict[str, Any]:
+    """Counts, versions and indices of every table, for ``lopd status``; never raises for a missing store."""
+    from lopd_core.workspace import _local_path
+
+    local = _local_path(str(uri))
+    if local is not None and not local.exists():
+        return {"uri": str(uri), "available": False, "reason": "no LanceDB directory yet (nothing stored)"}
+    try:
+        import lancedb  # noqa: F401
+    except ImportError:
+        return {"uri": str(uri), "available": False, "reason": "lancedb is not installed"}
+    return ExperienceStore(uri).status()

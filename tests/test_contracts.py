@@ -1,0 +1,189 @@
+"""The pandera contracts with real validation: every cross-column rule, quarantine reasons, the bad-share limit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_memory_support import make_trajectory
+
+from data_contracts import (
+    SCHEMA_VERSION,
+    EvaluationSchema,
+    IndexedExperienceSchema,
+    QuarantineSchema,
+    StageQualityError,
+    TrajectorySchema,
+    frame_to_trajectories,
+    records_to_trajectory_frame,
+    trajectories_to_frame,
+    validate_frame,
+)
+
+
+def _frame(*trajs):
+    return trajectories_to_frame(trajs)
+
+
+def _reasons(quarantine: pd.DataFrame) -> dict[str, str]:
+    return dict(zip(quarantine["row_key"], quarantine["reason"], strict=True))
+
+
+def test_round_trip_trajectories_frame_is_lossless():
+    trajs = [make_trajectory(i, status=s, feedback=f"fb {i}", checklist={"a": [1, 2]}, timings={"gen": 0.5},
+                             messages_lite=[{"role": "user", "content": "x"}], observation_lite="x")
+             for i, s in enumerate(["ok", "error"])]
+    frame = _frame(*trajs)
+    assert (frame["schema_version"] == SCHEMA_VERSION).all()
+    assert isinstance(frame.loc[0, "messages"], str) and isinstance(frame.loc[0, "token_ids"], list)
+    valid, quarantine = validate_frame(frame, TrajectorySchema)
+    assert quarantine.empty
+    assert frame_to_trajectories(valid) == trajs
+    # numpy list cells (as LanceDB returns them) decode to the same records
+    as_numpy = valid.copy()
+    as_numpy["token_ids"] = as_numpy["token_ids"].map(np.asarray)
+    assert frame_to_trajectories(as_numpy) == trajs
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"reward": 1.5}, "reward: in_range(0.0, 1.0)"),
+    ({"reward": -0.1}, "reward: in_range(0.0, 1.0)"),
+    ({"split": "dev"}, "split: isin"),
+    ({"status": "crashed"}, "status: isin"),
+    ({"policy_version": ""}, "policy_version: str_length"),
+    ({"assistant_mask": [0, 0, 0, 0, 1, 1]}, "mask_length_matches_token_ids"),
+    ({"sampling_logprobs": [0.0] * 4}, "logprobs_length_matches_token_ids"),
+    ({"sampling_logprobs": [0.0] * 4 + [-0.2, 0.3, -0.1, 0.0]}, "sampling_logprobs_finite_and_le_0"),
+    ({"sampling_logprobs": [0.0] * 4 + [-0.2, float("nan"), -0.1, 0.0]}, "sampling_logprobs_finite_and_le_0"),
+    ({"sampling_logprobs": [-0.1] + [0.0] * 3 + [-0.2] * 3 + [0.0]}, "logprobs_zero_outside_assistant_mask"),
+    ({"prompt_len": 99}, "prompt_len_within_token_ids_and_prompt_unmasked"),
+    ({"prompt_len": 5}, "prompt_len_within_token_ids_and_prompt_unmasked"),
+    ({"assistant_mask": [0, 0, 0, 0, 2, 1, 1, 0]}, "assistant_mask_list_of_0_1"),
+    ({"token_ids": [1, 2, -3, 4, 5, 6, 7, 8]}, "token_ids_list_of_non_negative_ints"),
+    ({"assistant_mask": [0] * 8, "sampling_logprobs": [0.0] * 8}, "ok_status_has_assistant_tokens"),
+    ({"status": "error", "error": ""}, "error_status_has_error_message"),
+    ({"initial_messages": 9}, "initial_messages_within_messages"),
+])
+def test_each_rule_quarantines_its_row_with_the_failed_check(overrides, expected):
+    good, bad = make_trajectory(0), make_trajectory(1, **overrides)
+    valid, quarantine = validate_frame(_frame(good, bad), TrajectorySchema, stage="rollouts", cycle_id="c1")
+    assert valid["trajectory_id"].tolist() == [good.trajectory_id]
+    assert len(quarantine) == 1
+    row = quarantine.iloc[0]
+    assert row["row_key"] == bad.trajectory_id and expected in row["reason"], row["reason"]
+    assert row["contract"] == "trajectories" and row["stage"] == "rollouts" and row["cycle_id"] == "c1"
+    assert expected.split(":")[0] in " ".join(json.loads(row["failed_checks"]))
+    payload = json.loads(row["payload"])
+    assert payload["trajectory_id"] == bad.trajectory_id  # the whole row is kept
+    QuarantineSchema.validate(quarantine)
+
+
+def test_nothing_is_dropped_silently_with_many_kinds_of_bad_rows():
+    trajs = [make_trajectory(i) for i in range(6)]
+    trajs += [make_trajectory(10, reward=3.0), make_trajectory(11, split="x"), make_trajectory(12, prompt_len=50)]
+    dup = make_trajectory(13)
+    dup.trajectory_id = trajs[0].trajectory_id
+    frame = _frame(*trajs, dup)
+    frame["reward"] = frame["reward"].astype(object)
+    frame.loc[1, "reward"] = "not a number"
+    valid, quarantine = validate_frame(frame, TrajectorySchema)
+    assert len(valid) + len(quarantine) == len(frame)
+    reasons = quarantine["reason"].tolist()
+    assert any("coerce_dtype" in r for r in reasons)
+    assert any("duplicate_key" in r for r in reasons)
+    assert len(valid) == 5 and valid["reward"].dtype == np.float64
+    # the duplicate's first occurrence stays valid
+    assert trajs[0].trajectory_id in set(valid["trajectory_id"])
+
+
+def test_frame_level_failures_quarantine_every_row_and_trip_the_limit():
+    frame = _frame(make_trajectory(0), make_trajectory(1)).drop(columns=["policy_version"])
+    valid, quarantine = validate_frame(frame, TrajectorySchema)
+    assert valid.empty and len(quarantine) == 2
+    assert (quarantine["reason"] == "missing column 'policy_version'").all()
+
+    extra = _frame(make_trajectory(0)).assign(surprise=1)
+    _, quarantine = validate_frame(extra, TrajectorySchema)
+    assert quarantine["reason"].tolist() == ["unknown column 'surprise'"]
+
+    with pytest.raises(StageQualityError) as info:
+        validate_frame(frame, TrajectorySchema, stage="rollouts", max_bad_fraction=0.2)
+    assert "curation.max_bad_row_fraction" in str(info.value) and len(info.value.quarantine) == 2
+
+
+def test_bad_share_limit_is_a_strict_threshold():
+    trajs = [make_trajectory(i) for i in range(4)] + [make_trajectory(9, reward=2.0)]
+    valid, quarantine = validate_frame(_frame(*trajs), TrajectorySchema, max_bad_fraction=0.2)
+    assert len(valid) == 4 and len(quarantine) == 1  # 20% is allowed at a 0.2 limit
+    with pytest.raises(StageQualityError) as info:
+        validate_frame(_frame(*trajs), TrajectorySchema, max_bad_fraction=0.19)
+    assert info.value.bad_fraction == pytest.approx(0.2) and len(info.value.valid) == 4
+
+
+def test_empty_frame_is_valid_and_quarantines_nothing():
+    valid, quarantine = validate_frame(_frame(), TrajectorySchema, max_bad_fraction=0.0)
+    assert valid.empty and quarantine.empty
+
+
+def test_loose_records_fill_defaults_and_quarantine_missing_required_fields():
+    full = make_trajectory(0).to_dict()
+    minimal = {k: v for k, v in full.items() if k not in ("feedback", "checklist", "timings", "engine")}
+    missing = {k: v for k, v in full.items() if k != "reward"} | {"trajectory_id": "no-reward", "episode_id": "e2"}
+    frame = records_to_trajectory_frame([minimal, missing])
+    valid, quarantine = validate_frame(frame, TrajectorySchema)
+    assert valid["trajectory_id"].tolist() == [full["trajectory_id"]]
+    assert quarantine["row_key"].tolist() == ["no-reward"] and "reward" in quarantine["reason"].iloc[0]
+
+
+def _indexed_row(i, **overrides):
+    from lopd_core.memory.embedder import CONTENT_DIM
+
+    vec = np.zeros(8, dtype=np.float32)
+    vec[i % 8] = 1.0
+    row = {
+        "experience_id": f"x{i}", "trajectory_id": f"x{i}", "episode_id": f"e{i}", "task_id": f"t{i}",
+        "suite": "toolworld", "suite_kind": "tool", "family": "shop", "split": "train", "level": 1,
+        "instruction": "do it", "text": "user: do it", "messages": "[]", "reward": 1.0, "step": 0, "cycle_id": "c1",
+        "policy_version": "base", "n_tokens": 10, "content_vector": [1.0] + [0.0] * (CONTENT_DIM - 1),
+        "schema_version": SCHEMA_VERSION, "vector": vec.tolist(), "embedder": "hash-8", "embed_field": "task",
+    }
+    return {**row, **overrides}
+
+
+def test_experience_contract_rejects_test_split_and_unnormalised_vectors():
+    rows = [_indexed_row(0), _indexed_row(1, split="test"), _indexed_row(2, vector=[2.0] + [0.0] * 7),
+            _indexed_row(3, vector=[1.0, 0.0]), _indexed_row(4, suite_kind="chat")]
+    valid, quarantine = validate_frame(pd.DataFrame(rows), IndexedExperienceSchema)
+    assert valid["experience_id"].tolist() == ["x0"]
+    reasons = _reasons(quarantine)
+    assert "split: isin" in reasons["x1"]
+    assert "vector_finite_and_unit_norm" in reasons["x2"]
+    assert "vectors_share_one_dimension" in reasons["x3"]
+    assert "suite_kind: isin" in reasons["x4"]
+
+
+def test_evaluation_contract():
+    base = {"eval_row_id": "r0", "eval_run_id": "run", "cycle_id": "c1", "role": "challenger", "policy_version": "3",
+            "composer_version": "3", "probe": "heldout", "suite": "toolworld", "split": "test", "task_id": "t",
+            "family": "shop", "status": "ok", "reward": 0.5, "success": False, "response_tokens": 40,
+            "n_tool_calls": 2, "n_invalid_tool_calls": 0, "nll": float("nan"), "trajectory_id": "tr",
+            "extra": "{}", "schema_version": SCHEMA_VERSION}
+    rows = [base, {**base, "eval_row_id": "r1", "split": "train"},
+            {**base, "eval_row_id": "r2", "probe": "prompt_nll", "split": "train", "nll": 1.2},
+            {**base, "eval_row_id": "r3", "probe": "prompt_nll", "nll": float("nan")},
+            {**base, "eval_row_id": "r4", "reward": 2.0}]
+    valid, quarantine = validate_frame(pd.DataFrame(rows), EvaluationSchema)
+    assert sorted(valid["eval_row_id"]) == ["r0", "r2"]
+    reasons = _reasons(quarantine)
+    assert "eval_split_is_test_for_heldout_and_forgetting" in reasons["r1"]
+    assert "nll_finite_non_negative_for_prompt_nll" in reasons["r3"]
+    assert "reward: in_range" in reasons["r4"]
+
+
+def test_quarantine_ids_are_stable_for_the_same_bad_row():
+    bad = make_trajectory(1, reward=5.0)
+    _, q1 = validate_frame(_frame(bad), TrajectorySchema)
+    _, q2 = validate_frame(_frame(make_trajectory(0), bad), TrajectorySchema)
+    assert q1["quarantine_id"].tolist() == q2["quarantine_id"].tolist()
