@@ -377,6 +377,9 @@ def _apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any]
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
+            # A section the profile YAML does not mention starts empty; a misspelt one is then rejected
+            # by the model as an unknown field, with its name.
+            node.setdefault(part, {})
             if not isinstance(node.get(part), dict):
                 raise ConfigError(f"{key}: '{part}' is not a config section")
             node = node[part]
