@@ -175,6 +175,10 @@ class LOPDConfig(_Section):
     """Never retrieve experiences of the same task id (same-task hit rate is logged when allowed)."""
     experience_max_tokens: int = Field(256, ge=16)
     """Encoder input per experience is truncated to this many tokens."""
+    reuse_teacher_forward: bool = False
+    """Run the teacher phase once with the composer graph and reuse it in the composer phase (same numbers, fewer forwards, more memory)."""
+    encoder_micro_batch: int = Field(0, ge=0)
+    """Encode at most this many experiences per encoder forward (0 = all J·B at once)."""
     cold_start: ColdStartConfig = ColdStartConfig()
     """Cold start of the composer."""
 
@@ -207,6 +211,10 @@ class SkillSDConfig(_Section):
     """PPO upper clip (clip-higher)."""
     kl_weight: float = Field(0.001, ge=0.0)
     """λ of the importance-weighted sampled-token reverse KL to the skill-conditioned teacher."""
+    is_clip: float = Field(2.0, gt=0.0)
+    """Importance-sampling ratio clip of that KL term."""
+    max_skill_tokens: int = Field(96, ge=8)
+    """Length cap of one skill (template text, or the policy's summary in new tokens)."""
     ucb_c: float = Field(1.4142135623730951, ge=0.0)
     """UCB1 exploration constant."""
     skill_source: Literal["template", "policy"] = "template"

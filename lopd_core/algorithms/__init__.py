@@ -1,1 +1,63 @@
-"""algorithms."""
+"""Training methods behind one interface (:class:`lopd_core.algorithms.base.Algorithm`).
+
+``lopd`` (the method, :mod:`.lopd`), the baselines ``grpo``, ``opsd``, ``sdpo``, ``skill_sd`` and ``none``
+(no update: the reference curve). :func:`make_algorithm` builds the one ``distill.method`` names; every
+method reads its settings from the ``distill`` config section.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lopd_core.algorithms.base import Algorithm, StepInputs, skipped_metrics, usable_rollouts
+
+
+class NoUpdate:
+    """'none': rollouts are generated and scored (the reference curve) but nothing is trained."""
+
+    name = "none"
+    episodes_per_task = 1
+
+    def __init__(self, cfg, policies=None):
+        self.cfg = cfg
+
+    def step(self, inputs: StepInputs) -> dict[str, Any]:
+        usable = usable_rollouts(inputs.trajectories)
+        return {**skipped_metrics("distill", total=len(inputs.trajectories),
+                                  errored=len(inputs.trajectories) - len(usable)), "distill/updated": 0.0}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+def make_algorithm(cfg, policies, *, composer=None, engine=None) -> Algorithm:
+    """The method ``cfg.method`` (``cfg`` is the ``distill`` section) on these models."""
+    if cfg.method == "lopd":
+        from lopd_core.algorithms.lopd import LOPD
+
+        return LOPD(cfg, policies, composer)
+    if cfg.method == "grpo":
+        from lopd_core.algorithms.grpo import GRPO
+
+        return GRPO(cfg, policies)
+    if cfg.method == "opsd":
+        from lopd_core.algorithms.opsd import OPSD
+
+        return OPSD(cfg, policies)
+    if cfg.method == "sdpo":
+        from lopd_core.algorithms.sdpo import SDPO
+
+        return SDPO(cfg, policies)
+    if cfg.method == "skill_sd":
+        from lopd_core.algorithms.skill_sd import SkillSD
+
+        return SkillSD(cfg, policies, engine=engine)
+    if cfg.method == "none":
+        return NoUpdate(cfg, policies)
+    raise ValueError(f"distill.method '{cfg.method}' is not one of lopd, grpo, opsd, sdpo, skill_sd, none")
+
+
+__all__ = ["Algorithm", "NoUpdate", "StepInputs", "make_algorithm"]

@@ -1,0 +1,131 @@
+"""Cold start of the composer: next-token NLL of the base model's own successful trajectories y*.
+
+What it is (lopd-method.md, "Cold start of the composer"): prefix tuning through the frozen backbone.
+For each y*, its J retrieved experiences are composed into latents, injected into the latent span of y*'s
+own initial prompt, and the frozen base model (every adapter off) scores y*'s assistant tokens; the loss
+is their NLL (global token mean). Only ψ (the encoder LoRA) and χ (the compressor) are trained, with one
+AdamW and separate gradient-norm clips (official code: 30 for the compressor, 3 for the LoRA).
+
+Leakage rule: y* is never among its own retrieved experiences (otherwise the composer learns to copy):
+experiences with y*'s episode id or trajectory id are dropped after retrieval, whatever the retriever does,
+and the same task id is excluded when ``distill.lopd.exclude_same_task`` is on.
+
+The composer at the end is φ0: :func:`lopd_core.models.composer.freeze_phi0` fixes it and the anchor
+latents c_φ0 are cached per (task, experience) pair as joint training meets them.
+
+What it is not: no rollouts (y* come from the trajectories table / seed rollouts) and no file I/O.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from lopd_core import losses
+from lopd_core.algorithms.base import Timer, gather_tokens
+from lopd_core.algorithms.batch import teacher_batch, to_padded
+from lopd_core.algorithms.lopd import latent_teacher_logprobs
+from lopd_core.memory.base import Experience, RetrievalQuery, Retriever
+from lopd_core.models.composer import ComposerPair, ComposerState
+from lopd_core.models.latent import latent_prompt
+from lopd_core.models.policy import ENCODER, PolicySet
+from lopd_core.rollout.trajectory import Trajectory
+
+
+@dataclass
+class ColdStartExample:
+    trajectory: Trajectory
+    """y*: a successful trajectory of the base model."""
+    experiences: list[Experience]
+    """Its retrieved experiences (never y* itself)."""
+
+
+def is_same_episode(experience: Experience, trajectory: Trajectory) -> bool:
+    return experience.episode_id == trajectory.episode_id or experience.experience_id == trajectory.trajectory_id
+
+
+def cold_start_examples(trajectories: list[Trajectory], retriever: Retriever, *, n_retrieved: int,
+                        exclude_same_task: bool) -> tuple[list[ColdStartExample], dict[str, int]]:
+    """Retrieve J experiences for every successful y* (y* itself excluded); also counts what was skipped."""
+    examples, skipped = [], {"not_successful": 0, "no_experience": 0}
+    for traj in trajectories:
+        if not traj.success or traj.status == "error" or traj.n_generated == 0:
+            skipped["not_successful"] += 1
+            continue
+        query = RetrievalQuery(instruction=traj.instruction, task_id=traj.task_id, episode_id=traj.episode_id,
+                               exclude_same_task=exclude_same_task)
+        found = [e for e in retriever.retrieve(query, n_retrieved + 1) if not is_same_episode(e, traj)][:n_retrieved]
+        if not found:
+            skipped["no_experience"] += 1
+            continue
+        examples.append(ColdStartExample(traj, found))
+    return examples, skipped
+
+
+class ColdStart:
+    """Trains φ = (ψ, χ) by NLL of y* with latents injected; the student and the backbone are untouched."""
+
+    def __init__(self, cfg, policies: PolicySet, composer: ComposerState):
+        self.cfg, self.lopd, self.cold = cfg, cfg.lopd, cfg.lopd.cold_start
+        self.policies, self.composer = policies, composer
+        self.lora_params = policies.adapter_parameters(ENCODER)
+        self.compressor_params = list(composer.compressor.parameters())
+        self.optimizer = torch.optim.AdamW(
+            [{"params": self.lora_params}, {"params": self.compressor_params}], lr=self.cold.lr,
+            weight_decay=cfg.weight_decay)
+
+    def step(self, examples: list[ColdStartExample]) -> dict[str, float]:
+        policies, tok, k = self.policies, self.policies.tokenizer, self.lopd.n_latents
+        timer = Timer()
+        rows = [e.trajectory for e in examples]
+        prompts, pairs, pair_rows = [], [], []
+        for ex in examples:
+            traj, exps = ex.trajectory, ex.experiences[: self.lopd.n_retrieved]
+            if any(is_same_episode(e, traj) for e in exps):
+                raise ValueError(f"cold start: trajectory {traj.trajectory_id} is among its own retrieved experiences; "
+                                 "the composer would learn to copy it (filter with cold_start_examples)")
+            prompts.append(latent_prompt(tok, traj.messages[: traj.initial_messages], traj.tools,
+                                         n_latents=len(exps) * k, placeholder_id=tok.pad_token_id))
+            pair_rows.append(list(range(len(pairs), len(pairs) + len(exps))))
+            pairs.extend(ComposerPair(traj.task_id, traj.instruction, e) for e in exps)
+        batch = teacher_batch(rows, prompts, pad_id=tok.pad_token_id, device=policies.device)
+        targets = batch.target_ids[batch.mask.bool()]
+
+        with timer("forward"):
+            policies.train_mode(True)
+            teacher_lp, latents = latent_teacher_logprobs(policies, self.composer, batch, pairs, pair_rows,
+                                                          max_tokens=self.lopd.experience_max_tokens,
+                                                          micro_batch=self.lopd.encoder_micro_batch)
+            token_lp = to_padded(gather_tokens(teacher_lp, targets), batch.mask)
+            nll = -losses.global_token_mean(token_lp, batch.mask)
+        with timer("backward"):
+            nll.backward()
+            norm_compressor = float(torch.nn.utils.clip_grad_norm_(self.compressor_params, self.cold.grad_clip_compressor))
+            norm_lora = float(torch.nn.utils.clip_grad_norm_(self.lora_params, self.cold.grad_clip_lora))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            policies.train_mode(False)
+        return {"cold_start/nll": float(nll.detach()), "cold_start/grad_norm_compressor": norm_compressor,
+                "cold_start/grad_norm_lora": norm_lora, "cold_start/supervised_tokens": float(batch.n_tokens),
+                "cold_start/latent_rms": float(latents.detach().pow(2).mean().sqrt()),
+                "cold_start/tokens_per_s": (batch.n_tokens + batch.n_positions) / max(timer.total(), 1e-9),
+                "cold_start/time_s": timer.total()}
+
+
+def batches(examples: list[ColdStartExample], *, batch_size: int, steps: int, seed: int):
+    """``steps`` batches drawn without replacement from a reshuffled order each pass (deterministic per seed)."""
+    if not examples:
+        raise ValueError("cold start has no usable example: it needs successful trajectories whose retrieval finds at "
+                         "least one other experience (seed more rollouts into the experience bank)")
+    rng = random.Random(seed)
+    order: list[int] = []
+    for _ in range(steps):
+        batch = []
+        while len(batch) < min(batch_size, len(examples)):
+            if not order:
+                order = list(range(len(examples)))
+                rng.shuffle(order)
+            batch.append(examples[order.pop()])
+        yield batch

@@ -1,0 +1,90 @@
+"""GRPO (RLVR baseline): PPO-clip with group-normalised advantages, no teacher, no privileged context.
+
+What it is: B/G tasks × G rollouts per step; each rollout's advantage is ``(r − mean_group) / std_group``
+over the group's usable (non-errored) rollouts; loss = PPO-clip (ε = ``distill.grpo.clip_eps``) on every
+supervised token, global token mean; one AdamW step. The "old" log-probs are the trainer's own
+temperature-1 forward before the step (the rollout engine's temperature-0.7 log-probs are only
+diagnostics), so with one update per batch the ratio is 1 at the gradient and the clip is inactive; the
+clip matters only if a caller runs several epochs on a batch.
+
+What it is not: no KL penalty to a reference model (the LOPD paper's GRPO baseline has none).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lopd_core import losses
+from lopd_core.algorithms.base import (
+    StepInputs,
+    Timer,
+    clip_and_step,
+    gather_tokens,
+    make_adamw,
+    plain_student_batch,
+    rewards_tensor,
+    skipped_metrics,
+    student_logprobs,
+    usable_rollouts,
+)
+from lopd_core.algorithms.batch import to_padded
+
+
+def group_advantages(inputs: StepInputs, usable: list[int], device) -> torch.Tensor:
+    """Advantage of every usable rollout, normalised within its group over the group's usable members."""
+    usable_set = set(usable)
+    out = torch.zeros(len(usable), device=device)
+    position = {i: n for n, i in enumerate(usable)}
+    g = inputs.group_size
+    for start in range(0, len(inputs.trajectories), g):
+        members = [i for i in range(start, start + g) if i in usable_set]
+        if len(members) < 2:
+            continue
+        rewards = rewards_tensor([inputs.trajectories[i] for i in members], device)
+        adv = losses.group_normalized_advantages(rewards, group_size=len(members))
+        for i, a in zip(members, adv, strict=True):
+            out[position[i]] = a
+    return out
+
+
+class GRPO:
+    name = "grpo"
+
+    def __init__(self, cfg, policies):
+        self.cfg, self.policies = cfg, policies
+        self.episodes_per_task = cfg.group_size
+        self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)
+
+    def step(self, inputs: StepInputs) -> dict[str, Any]:
+        timer = Timer()
+        usable = usable_rollouts(inputs.trajectories)
+        metrics = skipped_metrics("distill", total=len(inputs.trajectories), errored=len(inputs.trajectories) - len(usable))
+        if not usable:
+            return {**metrics, "distill/updated": 0.0}
+        rows = [inputs.trajectories[i] for i in usable]
+        batch = plain_student_batch(self.policies, rows)
+        advantages = group_advantages(inputs, usable, self.policies.device)
+        with timer("student"):
+            self.policies.train_mode(True)
+            lp = student_logprobs(self.policies, batch)
+            token_lp = to_padded(gather_tokens(lp, batch.target_ids[batch.mask.bool()]), batch.mask)
+            per_token = losses.ppo_clip_loss(token_lp, token_lp.detach(), advantages[:, None],
+                                             clip_low=self.cfg.grpo.clip_eps)
+            loss = losses.global_token_mean(per_token, batch.mask)
+            loss.backward()
+            grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
+            self.policies.train_mode(False)
+        return {**metrics, "distill/updated": 1.0, "distill/loss": float(loss.detach()),
+                "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(batch.n_tokens),
+                "grpo/advantage_abs_mean": float(advantages.abs().mean()),
+                "grpo/zero_advantage_rate": float((advantages == 0).float().mean()),
+                "distill/time_student_s": timer.total(),
+                "distill/tokens_per_s": batch.n_tokens / max(timer.total(), 1e-9)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"student_optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["student_optimizer"])

@@ -1,0 +1,259 @@
+"""LOPD: one training step = teacher phase → student phase → composer phase → dual step on β.
+
+What the step really is (lopd-method.md, "One training step" and "Objectives"):
+
+1. Teacher phase (no grad): the frozen base with the current composer's J·K latents injected into the
+   first user message scores every supervised token; keep its top-M ids and log-probs (M = distill.top_m).
+2. Student phase: the student on the plain trajectory; loss = top-M + tail reverse KL(p̃^S ‖ p̃^T) summed
+   over supervised tokens / supervised tokens in the batch (global token mean); the teacher is a constant;
+   one AdamW step (clip 1.0). The pre-update student's top-M and sampled-token log-probs are kept, detached.
+3. Composer phase: the teacher forward again, now with gradients through the latents into χ and the
+   encoder LoRA ψ; re-gather the teacher's log-probs on the same top-M ids; loss = per-rollout token mean
+   of KL(p̃^S_old ‖ p̃^T), mean over rollouts, + β·(m − Δ) + λ·mean((c_φ − c_φ0)²); one AdamW step on φ.
+4. Dual step: β ← max(0, β + η·(m − Δ̂)) with Δ̂ token-weighted, from the composer-phase forward.
+
+Rollouts without a retrieved experience and errored rollouts get no loss (counted in the metrics).
+
+Deviations and options (all in ``distill.lopd``):
+
+- ``reuse_teacher_forward``: φ and the teacher weights do not change during the student phase, so the
+  teacher phase and the composer phase compute the same distribution. With this flag the teacher phase
+  runs once *with* the composer graph and the composer phase reuses it (the same numbers, one teacher and
+  one encoder forward fewer per step, more peak memory); off by default.
+- ``margin = 0`` disables the constraint (β stays at β₀, no margin term): the paper's "no margin" ablation.
+- ``frozen_composer``: φ stays φ0; steps 3–4 only measure Δ. ``context = 'text'``: the retrieved
+  trajectories are given to the teacher as text in the same place; there is no composer to train.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lopd_core import losses
+from lopd_core.algorithms.base import (
+    StepInputs,
+    Timer,
+    clip_and_step,
+    gather_tokens,
+    make_adamw,
+    model_logprobs,
+    rewards_tensor,
+    skipped_metrics,
+    student_logprobs,
+    usable_rollouts,
+)
+from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch, to_padded
+from lopd_core.memory.base import Experience
+from lopd_core.models.composer import (
+    ComposerPair,
+    ComposerState,
+    anchor_latents,
+    compose,
+    experience_trajectory_text,
+)
+from lopd_core.models.latent import TEXT_SEPARATOR, inject_latents, latent_prompt, text_context_prompt
+from lopd_core.models.policy import ENCODER, PolicySet, hidden_states, logprobs_at
+from lopd_core.rollout.chat import encode
+from lopd_core.rollout.trajectory import Trajectory
+
+
+def _scalar(value: Tensor) -> float:
+    return float(value.detach())
+
+
+def truncated_experience_text(tokenizer, experience: Experience, *, max_tokens: int) -> str:
+    ids = encode(tokenizer, experience_trajectory_text(tokenizer, experience))
+    return tokenizer.decode(ids[:max_tokens])
+
+
+def latent_teacher_logprobs(policies: PolicySet, composer: ComposerState, batch: SequenceBatch,
+                            pairs: list[ComposerPair], pair_rows: list[list[int]], *, max_tokens: int,
+                            micro_batch: int = 0) -> tuple[Tensor, Tensor]:
+    """Teacher log-probs ``[N, V]`` with the composer's latents injected, and the latents ``[P, K, d]``.
+
+    ``pair_rows[b]`` lists the indices (into ``pairs``) of row b's experiences, in retrieval order; their K
+    latents each are concatenated into the row's J·K span.
+    """
+    latents = compose(policies, composer.compressor, pairs, adapter=ENCODER, max_tokens=max_tokens,
+                      micro_batch=micro_batch)
+    d = latents.shape[-1]
+    per_row = [latents[idx].reshape(-1, d) for idx in pair_rows]
+    with policies.teacher() as teacher:
+        embeds = teacher.get_input_embeddings()(batch.input_ids)
+        embeds = inject_latents(embeds, per_row, batch.span_starts)
+        hidden = hidden_states(teacher, inputs_embeds=embeds, attention_mask=batch.attention_mask)
+        return logprobs_at(teacher, hidden, batch.predict_index, batch.mask), latents
+
+
+def composer_parameters(policies: PolicySet, composer: ComposerState) -> list[torch.nn.Parameter]:
+    return [*policies.adapter_parameters(ENCODER), *composer.compressor.parameters()]
+
+
+class LOPD:
+    """The LOPD method behind the :class:`~lopd_core.algorithms.base.Algorithm` interface."""
+
+    name = "lopd"
+    episodes_per_task = 1
+
+    def __init__(self, cfg, policies: PolicySet, composer: ComposerState | None):
+        self.cfg, self.lopd, self.policies, self.composer = cfg, cfg.lopd, policies, composer
+        self.uses_latents = self.lopd.context == "latent"
+        if self.uses_latents and composer is None:
+            raise ValueError("LOPD with distill.lopd.context='latent' needs a composer (cold start it first)")
+        self.composer_trainable = self.uses_latents and not self.lopd.frozen_composer
+        self.student_optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)
+        self.composer_optimizer = None
+        if self.composer_trainable:
+            self.composer_optimizer = make_adamw(composer_parameters(policies, composer), lr=self.lopd.lr_composer,
+                                                 weight_decay=cfg.weight_decay)
+
+    @property
+    def beta(self) -> float:
+        return self.composer.beta if self.composer is not None else self.lopd.beta_init
+
+    # ----------------------------------------------------------------------------------------------
+    def _prompts_and_pairs(self, rows: list[Trajectory], tasks, experiences: list[list[Experience]]):
+        tok, k = self.policies.tokenizer, self.lopd.n_latents
+        prompts, pairs, pair_rows = [], [], []
+        for traj, task, exps in zip(rows, tasks, experiences, strict=True):
+            initial = traj.messages[: traj.initial_messages]
+            if self.uses_latents:
+                prompts.append(latent_prompt(tok, initial, traj.tools, n_latents=len(exps) * k,
+                                             placeholder_id=tok.pad_token_id))
+                pair_rows.append(list(range(len(pairs), len(pairs) + len(exps))))
+                pairs.extend(ComposerPair(task.task_id, task.instruction, e) for e in exps)
+            else:
+                text = TEXT_SEPARATOR.join(truncated_experience_text(tok, e, max_tokens=self.lopd.experience_max_tokens)
+                                           for e in exps)
+                prompts.append(text_context_prompt(tok, initial, traj.tools, text))
+        return prompts, pairs, pair_rows
+
+    def _teacher(self, batch, pairs, pair_rows) -> tuple[Tensor, Tensor | None]:
+        if not self.uses_latents:
+            return model_logprobs(self.policies, None, batch), None
+        return latent_teacher_logprobs(self.policies, self.composer, batch, pairs, pair_rows,
+                                       max_tokens=self.lopd.experience_max_tokens,
+                                       micro_batch=self.lopd.encoder_micro_batch)
+
+    def step(self, inputs: StepInputs) -> dict[str, Any]:
+        cfg, lopd, policies = self.cfg, self.lopd, self.policies
+        timer = Timer()
+        usable = usable_rollouts(inputs.trajectories)
+        chosen = [i for i in usable if inputs.retrieved[i]]
+        metrics = skipped_metrics("distill", total=len(inputs.trajectories),
+                                  errored=len(inputs.trajectories) - len(usable), without_context=len(usable) - len(chosen))
+        if not chosen:
+            return {**metrics, "distill/updated": 0.0, "distill/beta": self.beta}
+        rows = [inputs.trajectories[i] for i in chosen]
+        tasks = [inputs.tasks[i] for i in chosen]
+        experiences = [inputs.retrieved[i][: lopd.n_retrieved] for i in chosen]
+        prompts, pairs, pair_rows = self._prompts_and_pairs(rows, tasks, experiences)
+        pad = policies.tokenizer.pad_token_id
+        t_batch = teacher_batch(rows, prompts, pad_id=pad, device=policies.device)
+        s_batch = student_batch(rows, pad_id=pad, device=policies.device)
+        mask, targets_flat = s_batch.mask, s_batch.target_ids[s_batch.mask.bool()]
+        rewards = rewards_tensor(rows, policies.device)
+        fused = lopd.reuse_teacher_forward and self.composer_trainable
+
+        # --- teacher phase: top-M ids and log-probs at every supervised position (no grad) -------------
+        with timer("teacher"):
+            policies.train_mode(fused)
+            with torch.set_grad_enabled(fused):
+                teacher_lp, latents = self._teacher(t_batch, pairs, pair_rows)
+            teacher_topm_logprobs, teacher_topm_ids = teacher_lp.detach().topk(cfg.top_m, dim=-1)
+
+        # --- student phase: top-M + tail reverse KL, global token mean, one optimizer step -------------
+        with timer("student"):
+            policies.train_mode(True)
+            s_lp = student_logprobs(policies, s_batch)
+            student_topm = s_lp.gather(-1, teacher_topm_ids)
+            kl = losses.topm_tail_reverse_kl(student_topm, teacher_topm_logprobs, grad_to="student")
+            student_loss = losses.global_token_mean(to_padded(kl, mask), mask)
+            student_loss.backward()
+            student_grad_norm = clip_and_step(policies.student_parameters(), self.student_optimizer, max_norm=cfg.grad_clip)
+            student_topm_old = student_topm.detach()
+            student_token_old = gather_tokens(s_lp.detach(), targets_flat)
+            del s_lp, student_topm, kl
+
+        # --- composer phase: KL on the same ids + β(m − Δ) + λ·anchor, one optimizer step on φ ------------
+        with timer("composer"):
+            composer_metrics = self._composer_phase(t_batch, pairs, pair_rows, fused, teacher_lp, latents,
+                                                    teacher_topm_ids, student_topm_old, student_token_old,
+                                                    targets_flat, rewards, mask)
+        policies.train_mode(False)
+
+        # --- dual step on β (Δ̂ from the composer-phase forward, before the φ step) --------------------
+        if self.composer_trainable and lopd.margin > 0:
+            self.composer.beta = losses.dual_ascent(self.composer.beta, composer_metrics["distill/privilege_delta"],
+                                                    margin=lopd.margin, lr=lopd.dual_lr)
+
+        teacher_tail = 1.0 - teacher_topm_logprobs.exp().sum(-1)
+        seconds = timer.total()
+        return {
+            **metrics, **composer_metrics,
+            "distill/updated": 1.0,
+            "distill/kl_topk": _scalar(student_loss),
+            "distill/student_grad_norm": student_grad_norm,
+            "distill/beta": self.beta,
+            "distill/supervised_tokens": float(s_batch.n_tokens),
+            "distill/teacher_tokens": float(t_batch.n_positions),
+            "distill/teacher_tail_mass": float(teacher_tail.mean()),
+            "distill/mean_experiences": sum(map(len, experiences)) / len(experiences),
+            "distill/time_teacher_s": timer.seconds.get("teacher", 0.0),
+            "distill/time_student_s": timer.seconds.get("student", 0.0),
+            "distill/time_composer_s": timer.seconds.get("composer", 0.0),
+            "distill/tokens_per_s": s_batch.n_tokens / max(seconds, 1e-9),
+        }
+
+    def _composer_phase(self, t_batch, pairs, pair_rows, fused, teacher_lp, latents, teacher_topm_ids,
+                        student_topm_old, student_token_old, targets_flat, rewards, mask) -> dict[str, float]:
+        lopd = self.lopd
+        if not self.composer_trainable:  # frozen composer / text context: measure Δ, train nothing
+            delta = to_padded(losses.privilege_delta(gather_tokens(teacher_lp.detach(), targets_flat), student_token_old), mask)
+            return {"distill/privilege_delta": float(losses.token_weighted_margin(delta, rewards, mask)),
+                    "distill/margin_delta": float(losses.outcome_signed_margin(delta, rewards, mask)),
+                    "distill/composer_updated": 0.0}
+        if not fused:
+            self.policies.train_mode(True)
+            teacher_lp, latents = self._teacher(t_batch, pairs, pair_rows)
+        teacher_topm = teacher_lp.gather(-1, teacher_topm_ids)
+        kl_tokens = losses.topm_tail_reverse_kl(student_topm_old, teacher_topm, grad_to="teacher")
+        kl_padded = to_padded(kl_tokens, mask)
+        composer_kl = losses.mean_over_rollouts(losses.rollout_token_mean(kl_padded, mask), mask)
+        delta = to_padded(losses.privilege_delta(gather_tokens(teacher_lp, targets_flat), student_token_old), mask)
+        margin_value = losses.outcome_signed_margin(delta, rewards, mask)
+        loss = composer_kl
+        if lopd.margin > 0:
+            loss = loss + self.composer.beta * (lopd.margin - margin_value)
+        anchor = torch.zeros((), device=loss.device)
+        if lopd.anchor_weight > 0 and self.composer.has_phi0:
+            anchor = losses.latent_anchor(latents, anchor_latents(self.policies, self.composer, pairs,
+                                                                  max_tokens=lopd.experience_max_tokens))
+            loss = loss + lopd.anchor_weight * anchor
+        margin_hat = float(losses.token_weighted_margin(delta, rewards, mask))
+        loss.backward()
+        params = composer_parameters(self.policies, self.composer)
+        grad_norm = clip_and_step(params, self.composer_optimizer, max_norm=self.cfg.grad_clip)
+        return {"distill/composer_kl": _scalar(composer_kl), "distill/privilege_delta": margin_hat,
+                "distill/margin_delta": _scalar(margin_value), "distill/anchor": _scalar(anchor),
+                "distill/composer_loss": _scalar(loss), "distill/composer_grad_norm": grad_norm,
+                "distill/latent_rms": float(latents.detach().pow(2).mean().sqrt()),
+                "distill/anchor_cache_size": float(len(self.composer.anchor_cache)),
+                "distill/composer_updated": 1.0}
+
+    # ----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = {"student_optimizer": self.student_optimizer.state_dict(), "beta": self.beta}
+        if self.composer_optimizer is not None:
+            state["composer_optimizer"] = self.composer_optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.student_optimizer.load_state_dict(state["student_optimizer"])
+        if self.composer_optimizer is not None and "composer_optimizer" in state:
+            self.composer_optimizer.load_state_dict(state["composer_optimizer"])
+        if self.composer is not None:
+            self.composer.beta = float(state["beta"])

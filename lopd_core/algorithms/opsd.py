@@ -1,0 +1,97 @@
+"""OPSD: on-policy self-distillation toward the frozen initial model that sees a reference solution.
+
+What it is: one rollout per task (B tasks × 1). The teacher is the frozen base model (every adapter off)
+prompted with a reference solution of the same task in the SYSTEM message: the task's successful
+trajectory from the experience bank when there is one (never this episode, only older than the current
+step), else the task generator's scripted oracle; rollouts with neither get no loss. The counts of each
+source are metrics (``opsd/reference_from_bank`` …). Loss: a full-vocabulary divergence per supervised
+token, global token mean — forward KL(p^T ‖ p^S) as LOPD ran it, or ``distill.opsd.divergence = 'jsd'``
+with ``jsd_beta`` (TRL GKD convention) as the OPSD paper; the teacher side is a constant.
+
+What it is not: no learned context, no margin; the reference is text, rendered with the chat template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lopd_core import losses
+from lopd_core.algorithms.base import (
+    StepInputs,
+    Timer,
+    clip_and_step,
+    make_adamw,
+    model_logprobs,
+    skipped_metrics,
+    student_logprobs,
+    usable_rollouts,
+)
+from lopd_core.algorithms.batch import student_batch, teacher_batch, to_padded
+from lopd_core.algorithms.context import opsd_reference
+from lopd_core.models.latent import system_reference_prompt
+
+
+def full_vocab_divergence(student_lp, teacher_lp, opsd_cfg) -> torch.Tensor:
+    if opsd_cfg.divergence == "forward_kl":
+        return losses.forward_kl(student_lp, teacher_lp)
+    if opsd_cfg.divergence == "reverse_kl":
+        return losses.reverse_kl(student_lp, teacher_lp)
+    return losses.generalized_jsd(student_lp, teacher_lp, jsd_beta=opsd_cfg.jsd_beta)
+
+
+class OPSD:
+    name = "opsd"
+    episodes_per_task = 1
+
+    def __init__(self, cfg, policies):
+        self.cfg, self.policies = cfg, policies
+        self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)
+
+    def step(self, inputs: StepInputs) -> dict[str, Any]:
+        tok, timer = self.policies.tokenizer, Timer()
+        usable = usable_rollouts(inputs.trajectories)
+        sources = {"bank": 0, "oracle": 0, "none": 0}
+        chosen, prompts = [], []
+        for i in usable:
+            traj, task = inputs.trajectories[i], inputs.tasks[i]
+            reference, source = opsd_reference(tok, task, traj, inputs.retriever, step=inputs.step,
+                                               max_tokens=self.cfg.lopd.experience_max_tokens)
+            sources[source] += 1
+            if source != "none":
+                chosen.append(i)
+                prompts.append(system_reference_prompt(tok, traj.messages[: traj.initial_messages], traj.tools, reference))
+        metrics = {**skipped_metrics("distill", total=len(inputs.trajectories),
+                                     errored=len(inputs.trajectories) - len(usable), without_context=sources["none"]),
+                   **{f"opsd/reference_from_{k}": float(v) for k, v in sources.items()}}
+        if not chosen:
+            return {**metrics, "distill/updated": 0.0}
+        rows = [inputs.trajectories[i] for i in chosen]
+        pad, device = tok.pad_token_id, self.policies.device
+        t_batch = teacher_batch(rows, prompts, pad_id=pad, device=device)
+        s_batch = student_batch(rows, pad_id=pad, device=device)
+
+        # --- teacher: frozen base + reference in the system message (no grad) -------------------------
+        with timer("teacher"), torch.no_grad():
+            teacher_lp = model_logprobs(self.policies, None, t_batch)
+        # --- student: full-vocabulary divergence, global token mean, one optimizer step ----------------
+        with timer("student"):
+            self.policies.train_mode(True)
+            s_lp = student_logprobs(self.policies, s_batch)
+            per_token = full_vocab_divergence(s_lp, teacher_lp, self.cfg.opsd)
+            loss = losses.global_token_mean(to_padded(per_token, s_batch.mask), s_batch.mask)
+            loss.backward()
+            grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
+            self.policies.train_mode(False)
+        return {**metrics, "distill/updated": 1.0, "distill/loss": float(loss.detach()),
+                f"opsd/{self.cfg.opsd.divergence}": float(loss.detach()),
+                "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(s_batch.n_tokens),
+                "distill/time_teacher_s": timer.seconds["teacher"], "distill/time_student_s": timer.seconds["student"],
+                "distill/tokens_per_s": s_batch.n_tokens / max(timer.total(), 1e-9)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"student_optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["student_optimizer"])

@@ -1,0 +1,125 @@
+"""Teacher prompts: where the privileged context goes, and latent injection by out-of-place concatenation.
+
+What this module is: the token-level construction of every teacher prompt the algorithms use.
+
+- :func:`latent_prompt` renders the trajectory's initial prompt with a placeholder span of ``n_latents``
+  positions inside framing text in the FIRST USER message. The span is located **by position**: the
+  prompt is rendered with a sentinel where the span goes, split at the sentinel and the halves are
+  tokenised separately, so ``span_start`` is simply ``len(ids_before)``. We never search for a
+  placeholder or pad id (SmolLM2's pad token is ``<|im_end|>``, which closes every turn).
+- :func:`text_context_prompt` puts privileged text in the same place (the "text instead of latents"
+  ablation, SDPO's sibling + feedback, Skill-SD's skill); :func:`system_reference_prompt` puts a reference
+  solution in the system message (OPSD).
+- :func:`inject_latents` replaces the token embeddings of each row's span by that row's latents with an
+  out-of-place ``torch.cat``, so gradients reach the composer and nothing aliases the embedding output.
+
+What it is not: it does not run models or build attention masks (those come from real sequence lengths in
+:mod:`lopd_core.algorithms.batch`). Student and teacher sequences share everything after the prompt
+(``Trajectory.continuation_ids()``), so positions map by the prompt-length offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lopd_core.rollout.chat import SENTINEL, encode, render_text
+
+LATENT_FRAMING_BEFORE = "Here is a reference of how a different, already solved task was handled:\n"
+LATENT_FRAMING_AFTER = "\nNow solve your task from scratch.\n\nYour task:\n"
+TEXT_FRAMING_BEFORE = "Here is a reference of how a different, already solved task was handled:\n"
+TEXT_SEPARATOR = "\n\n---\n\n"
+REFERENCE_SYSTEM_HEADER = "\n\nA reference solution of the user's task (for you only; do not mention it):\n"
+
+
+@dataclass(frozen=True)
+class TeacherPrompt:
+    """Token ids of a teacher's initial prompt (ending with the assistant header) and its latent span."""
+
+    ids: list[int]
+    span_start: int = 0
+    """Index of the first placeholder position (0 with span_length 0 when there is no span)."""
+    span_length: int = 0
+
+
+def _first_user_index(messages: list[dict[str, Any]]) -> int:
+    for i, message in enumerate(messages):
+        if message.get("role") == "user":
+            return i
+    raise ValueError("the trajectory's initial messages contain no user message to put the teacher context in "
+                     "(expected system + first user message, see Trajectory.initial_messages)")
+
+
+def _with_first_user_content(messages: list[dict[str, Any]], build) -> list[dict[str, Any]]:
+    i = _first_user_index(messages)
+    original = messages[i].get("content") or ""
+    if not isinstance(original, str):
+        raise ValueError(f"message {i} (first user message) has non-text content of type {type(original).__name__}; "
+                         "teacher prompts need plain text content")
+    return [*messages[:i], {**messages[i], "content": build(original)}, *messages[i + 1:]]
+
+
+def latent_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+                  n_latents: int, placeholder_id: int) -> TeacherPrompt:
+    """The initial prompt with ``n_latents`` placeholder positions inside framing text in the first user message.
+
+    ``placeholder_id`` only fills the span (its embeddings are replaced); any id works because the span
+    is known by position.
+    """
+    if n_latents < 1:
+        raise ValueError(f"n_latents must be ≥ 1 for a latent prompt, got {n_latents}")
+    probe = _with_first_user_content(
+        messages, lambda original: f"{LATENT_FRAMING_BEFORE}{SENTINEL}{LATENT_FRAMING_AFTER}{original}")
+    text = render_text(tokenizer, probe, tools)
+    if text.count(SENTINEL) != 1:
+        raise ValueError("the chat template rendered the latent-span sentinel "
+                         f"{text.count(SENTINEL)} times; expected exactly once (does the template drop user content?)")
+    before, after = text.split(SENTINEL)
+    ids_before = encode(tokenizer, before)
+    ids = [*ids_before, *([placeholder_id] * n_latents), *encode(tokenizer, after)]
+    return TeacherPrompt(ids=ids, span_start=len(ids_before), span_length=n_latents)
+
+
+def text_context_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                        context: str, *, framing_before: str = TEXT_FRAMING_BEFORE,
+                        framing_after: str = LATENT_FRAMING_AFTER) -> TeacherPrompt:
+    """The initial prompt with privileged ``context`` as text where the latent span would be."""
+    modified = _with_first_user_content(messages, lambda original: f"{framing_before}{context}{framing_after}{original}")
+    return TeacherPrompt(ids=encode(tokenizer, render_text(tokenizer, modified, tools)))
+
+
+def system_reference_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                            reference: str) -> TeacherPrompt:
+    """The initial prompt with a reference solution appended to the system message (OPSD)."""
+    if messages and messages[0].get("role") == "system":
+        modified = [{**messages[0], "content": (messages[0].get("content") or "") + REFERENCE_SYSTEM_HEADER + reference},
+                    *messages[1:]]
+    else:
+        modified = [{"role": "system", "content": REFERENCE_SYSTEM_HEADER.lstrip() + reference}, *messages]
+    return TeacherPrompt(ids=encode(tokenizer, render_text(tokenizer, modified, tools)))
+
+
+def inject_latents(token_embeds: Tensor, latents: list[Tensor | None], span_starts: list[int]) -> Tensor:
+    """Replace each row's placeholder span by its latents: ``[B, T, d]`` → ``[B, T, d]``, out of place.
+
+    ``latents[b]`` is ``[n_b, d]`` (J·K latents of row b, or None for a row without a span) and occupies
+    positions ``span_starts[b] : span_starts[b] + n_b``. Rows are rebuilt with ``torch.cat`` — never an
+    in-place write into the embedding output, which autograd may still need and which may alias the
+    embedding table's gradient buffer.
+    """
+    if len(latents) != token_embeds.shape[0] or len(span_starts) != token_embeds.shape[0]:
+        raise ValueError(f"inject_latents got {len(latents)} latent blocks and {len(span_starts)} span starts "
+                         f"for a batch of {token_embeds.shape[0]} rows")
+    rows = []
+    for row, block, start in zip(token_embeds, latents, span_starts, strict=True):
+        if block is None or block.shape[0] == 0:
+            rows.append(row)
+            continue
+        end = start + block.shape[0]
+        if start < 0 or end > row.shape[0]:
+            raise ValueError(f"latent span [{start}, {end}) does not fit a row of {row.shape[0]} positions")
+        rows.append(torch.cat([row[:start], block.to(row.dtype), row[end:]], dim=0))
+    return torch.stack(rows, dim=0)
