@@ -129,3 +129,38 @@ def batches(examples: list[ColdStartExample], *, batch_size: int, steps: int, se
                 rng.shuffle(order)
             batch.append(examples[order.pop()])
         yield batch
+
+
+def trajectory_from_experience(tokenizer, experience: Experience) -> Trajectory:
+    """Re-render an experience's messages into ids with an assistant mask (the way the agent loop builds them).
+
+    Only for experiences without their sampled ids: the assistant text is re-tokenised, so the ids may differ
+    from what the policy sampled (observation-lite tool responses are shortened, too).
+    """
+    from lopd_core.rollout.chat import encode, end_of_turn_ids, render_prompt_ids, turn_suffix_ids
+
+    messages = [{**m, "content": m.get("content") or ""} for m in experience.messages]
+    first_assistant = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first_assistant is None or first_assistant == 0:
+        raise ValueError(f"experience {experience.experience_id} has no assistant turn after a prompt; "
+                         "it cannot be a cold-start target")
+    prompt = render_prompt_ids(tokenizer, messages[:first_assistant])
+    ids, mask = list(prompt), [0] * len(prompt)
+    eot = end_of_turn_ids(tokenizer)[-1]
+    k = first_assistant
+    while k < len(messages):
+        generated = [*encode(tokenizer, messages[k]["content"]), eot]
+        j = k + 1
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            j += 1
+        following = messages[k + 1:j]
+        kwargs = {"add_generation_prompt": True} if not following and j < len(messages) else {}
+        suffix = turn_suffix_ids(tokenizer, messages[:k], generated, following, None, **kwargs)
+        ids += generated + suffix
+        mask += [1] * len(generated) + [0] * len(suffix)
+        k = j
+    return Trajectory(task_id=experience.task_id, suite=experience.suite, family=experience.family, split="train",
+                      level=1, instruction=experience.instruction, messages=messages, initial_messages=first_assistant,
+                      tools=[], token_ids=ids, prompt_len=len(prompt), assistant_mask=mask,
+                      sampling_logprobs=[0.0] * len(ids), reward=experience.reward, success=True,
+                      episode_id=experience.episode_id, trajectory_id=experience.experience_id, step=experience.step)

@@ -223,7 +223,8 @@ def save_adapter(policies: PolicySet, name: str, directory: Path) -> None:
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
-    state = get_peft_model_state_dict(policies.base, adapter_name=name)
+    # save_embedding_layers=False: no embedding is adapted, and "auto" would look the base model up on the hub
+    state = get_peft_model_state_dict(policies.base, adapter_name=name, save_embedding_layers=False)
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(directory / ADAPTER_WEIGHTS))
     config = policies.base.peft_config[name]
     config.base_model_name_or_path = policies.base_model

@@ -1,0 +1,392 @@
+"""The training driver: N steps of rollouts → retrieval → the method's step, checkpointed; and the cold start.
+
+Usable from the command line (``lopd distill``) and from the flows; no Prefect here. One step::
+
+    tasks (B/G from the run's task order, cursor in the checkpoint)
+      → rollouts on the CURRENT student (the engine holds the live model; G episodes per task)
+      → retrieval of J experiences per task (pinned table version, leakage rules in the query)
+      → algorithm.step(...)          (LOPD's teacher/student/composer/dual phases, or a baseline)
+      → log (rollout/*, memory/*, budget/*, distill/*) → checkpoint every distill.checkpoint_every
+      → engine.update_policy(student) so the next batch is on-policy
+
+Budget accounting (lopd-method.md): one unit = one episode; ``budget/episodes`` counts the training
+episodes (B per step for every method), ``budget/pretraining_episodes`` what the caller spent before
+(seeding the bank, cold-start data, OPSD references), ``budget/skill_generations`` Skill-SD's
+policy-written skills; ``budget/total_units`` is their sum.
+
+Across continual-learning cycles the teacher and the composer's encoder backbone are always the configured
+base model (``model.base``); the student and the composer continue from ``student_init`` /
+``composer_init`` (the champion pair's directories; a registry "base" marker directory means "start from the
+base"); φ0 and its anchor cache stay those of the first cold start; β is restored from the composer.
+
+Artifacts are plain directories that the registry logs as they are:
+
+``student/``
+    ``lopd_student.json`` (``kind`` lora|full, ``base_model``, ``format``) and either a standard peft
+    adapter (``adapter_config.json`` + ``adapter_model.safetensors``; load with
+    ``PeftModel.from_pretrained(base, dir)``) or a full Hugging Face model folder (+ tokenizer).
+``composer/``
+    ``lopd_composer.json`` (base model, compressor spec K/depth/heads/gain, β, provenance),
+    ``encoder_adapter/`` (ψ, a peft adapter folder), ``compressor.safetensors`` (χ), and after the first
+    cold start ``phi0/`` with φ0's ``encoder_adapter/``, ``compressor.safetensors``,
+    ``anchor_cache.safetensors`` + ``anchor_keys.json`` (c_φ0 per task+experience pair).
+
+What it is not: curation, indexing or evaluation (other stages), and it never registers models.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lopd_core.algorithms import make_algorithm
+from lopd_core.algorithms.base import StepInputs
+from lopd_core.checkpoint import latest_checkpoint, read_checkpoint, restore_trainer_state, save_checkpoint
+from lopd_core.memory.base import Experience, RetrievalQuery, Retriever
+from lopd_core.metrics import InMemoryLogger, MetricLogger, MultiLogger, numeric
+from lopd_core.models.composer import ComposerState, load_composer, new_composer_state, save_composer
+from lopd_core.models.policy import PolicySet, build_policy_set
+from lopd_core.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+BASE_MARKER = "lopd_base.json"
+"""A registry directory holding this file stands for "the configured base model / no composer yet"."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    student_dir: Path
+    composer_dir: Path | None
+    first_step: int
+    """First step run by this call (> 0 after a resume)."""
+    last_step: int
+    """Last completed step (−1 when none)."""
+    metrics: dict[str, float]
+    """The last step's metrics."""
+    history: list[dict[str, float]]
+    budget: dict[str, float]
+    table_version: int | None
+    checkpoint: Path | None
+    resumed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "student_dir": str(self.student_dir),
+                "composer_dir": str(self.composer_dir) if self.composer_dir else None, "first_step": self.first_step,
+                "last_step": self.last_step, "metrics": self.metrics, "budget": self.budget,
+                "table_version": self.table_version, "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+                "resumed": self.resumed}
+
+
+@dataclass
+class ColdStartResult:
+    composer_dir: Path
+    steps: int
+    examples: int
+    skipped: dict[str, int]
+    nll_first: float
+    nll_last: float
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"composer_dir": str(self.composer_dir), "steps": self.steps, "examples": self.examples,
+                "skipped": self.skipped, "nll_first": self.nll_first, "nll_last": self.nll_last}
+
+
+# --------------------------------------------------------------------------------------------------
+# Models and artifacts
+def is_base_marker(path: Path | None) -> bool:
+    return path is not None and (Path(path) / BASE_MARKER).exists()
+
+
+def build_policies(cfg, *, models_dir: Path | None = None) -> PolicySet:
+    """The run's models: the configured base (teacher, encoder backbone) + the student, untrained."""
+    from lopd_core.workspace import Workspace
+
+    models_dir = models_dir or Workspace.from_config(cfg.workspace).ensure().models_dir
+    return build_policy_set(cfg.model, cfg.distill.lopd, models_dir)
+
+
+def load_student_init(policies: PolicySet, student_init: Path | None) -> None:
+    if student_init is not None and not is_base_marker(student_init):
+        policies.load_student(Path(student_init))
+
+
+def load_composer_init(policies: PolicySet, cfg, composer_init: Path | None) -> ComposerState | None:
+    if composer_init is None or is_base_marker(composer_init):
+        return None
+    return load_composer(policies, Path(composer_init), cfg.distill.lopd)
+
+
+def save_student(policies: PolicySet, directory: Path) -> Path:
+    return policies.save_student(Path(directory))
+
+
+def needs_composer(cfg) -> bool:
+    return cfg.distill.method == "lopd" and cfg.distill.lopd.context == "latent"
+
+
+def _make_engine(cfg, policies: PolicySet):
+    try:
+        from lopd_core.rollout.engines import make_engine
+    except ImportError:
+        make_engine = None
+    if make_engine is not None:
+        return make_engine(cfg.rollout.engine, policies.student_module(), policies.tokenizer,
+                           batch_size=cfg.rollout.batch_size)
+    from lopd_core.rollout.engines.hf import HFEngine
+
+    return HFEngine(policies.student_module(), policies.tokenizer, batch_size=cfg.rollout.batch_size)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --------------------------------------------------------------------------------------------------
+# One step's helpers
+def task_order(suite, cfg, *, n_tasks: int, tasks: list | None = None) -> list:
+    """The run's training tasks (the data cursor indexes this list, wrapping around)."""
+    pool = list(tasks) if tasks is not None else suite.tasks("train", n_tasks, level=cfg.rollout.level, seed=cfg.distill.seed)
+    if not pool:
+        raise ValueError(f"suite '{getattr(suite, 'name', suite)}' returned no training tasks; check rollout.suite/level")
+    return pool
+
+
+def retrieve_for(retriever: Retriever | None, tasks: list, trajectories: list[Trajectory], *, step: int, k: int,
+                 exclude_same_task: bool, group_size: int) -> tuple[list[list[Experience]], dict[str, float]]:
+    """J experiences per task (one query per group), the leakage rules in the query; plus memory/* metrics."""
+    if retriever is None:
+        return [[] for _ in trajectories], {"memory/hit_rate": 0.0}
+    queries = [RetrievalQuery(instruction=tasks[i].instruction, task_id=tasks[i].task_id,
+                              episode_id=trajectories[i].episode_id, before_step=step,
+                              exclude_same_task=exclude_same_task)
+               for i in range(0, len(trajectories), group_size)]
+    if hasattr(retriever, "retrieve_batch"):
+        per_group = retriever.retrieve_batch(queries, k)
+    else:
+        per_group = [retriever.retrieve(q, k) for q in queries]
+    # never a rollout of this step: an experience with the same episode id as any sibling is dropped
+    step_episodes = {t.episode_id for t in trajectories}
+    per_group = [[e for e in hits if e.episode_id not in step_episodes] for hits in per_group]
+    retrieved = [per_group[i // group_size] for i in range(len(trajectories))]
+    hits = [e for group in per_group for e in group]
+    same = sum(e.task_id == q.task_id for q, group in zip(queries, per_group, strict=True) for e in group)
+    return retrieved, {
+        "memory/hit_rate": sum(bool(g) for g in per_group) / len(per_group),
+        "memory/mean_retrieved": len(hits) / len(per_group),
+        "memory/same_task_rate": same / len(hits) if hits else 0.0,
+        "memory/mean_score": sum(e.score for e in hits) / len(hits) if hits else 0.0,
+    }
+
+
+def rollout_metrics(trajectories: list[Trajectory], wall_s: float) -> dict[str, float]:
+    try:
+        from lopd_core.rollout.agent import summarize_trajectories
+
+        return numeric(summarize_trajectories(trajectories, wall_s=wall_s))
+    except ImportError:
+        n = max(len(trajectories), 1)
+        return {"rollout/success_rate": sum(t.success for t in trajectories) / n,
+                "rollout/mean_reward": sum(t.reward for t in trajectories) / n, "rollout/wall_s": wall_s}
+
+
+def experiences_from_trajectories(trajectories: list[Trajectory], cfg, *, kind: str) -> list[Experience]:
+    """Successful finished train-split episodes as observation-lite experiences (the in-memory bank's rule).
+
+    The success threshold is ``curation.success_threshold_tool`` for tool suites and ``…_code`` for code
+    suites; the full curation stage (dedupe, caps, family balance) lives in :mod:`lopd_core.memory.curation`.
+    """
+    from lopd_core.memory.curation import lite_messages, lite_text
+
+    threshold = cfg.curation.success_threshold_code if kind == "code" else cfg.curation.success_threshold_tool
+    out = []
+    for t in trajectories:
+        if t.split != "train" or t.status != "ok" or t.reward < threshold:
+            continue
+        messages = t.messages_lite or lite_messages(t.messages, max_chars=cfg.rollout.observation_max_chars)
+        out.append(Experience(experience_id=t.trajectory_id, episode_id=t.episode_id, task_id=t.task_id, suite=t.suite,
+                              family=t.family, instruction=t.instruction, text=t.observation_lite or lite_text(messages),
+                              messages=messages, reward=t.reward, step=t.step, split=t.split))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+def train(cfg, *, suite, retriever: Retriever | None, run_dir: Path, student_init: Path | None = None,
+          composer_init: Path | None = None, logger: MetricLogger | None = None, resume: bool = True,
+          progress: bool = True, on_step: Callable[[int, dict[str, float], list[Trajectory]], None] | None = None,
+          table_version: int | None = None, policies: PolicySet | None = None, engine=None, tasks: list | None = None,
+          pretraining_episodes: int = 0, models_dir: Path | None = None) -> TrainResult:
+    """Run ``cfg.distill.steps`` steps of ``cfg.distill.method`` (resuming from ``run_dir``'s latest checkpoint).
+
+    ``on_step(step, metrics, trajectories)`` is called after every step (flows store the trajectories).
+    ``table_version`` is the pinned experience-table version the retriever reads; it is recorded in every
+    checkpoint and a resume with another version is refused.
+    """
+    from tqdm.auto import tqdm
+
+    from lopd_core.rollout.agent import run_episodes
+    from lopd_core.rollout.chat import end_of_turn_ids
+    from lopd_core.rollout.engines.base import SamplingParams
+
+    d = cfg.distill
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _seed_everything(d.seed)
+
+    # --- resume or start: weights come from the checkpoint, else from the init directories -----------
+    info = None
+    if resume and (latest := latest_checkpoint(run_dir)) is not None:
+        info = read_checkpoint(latest)
+        if info.method != d.method:
+            raise ValueError(f"{latest} was written by method '{info.method}', but distill.method is '{d.method}'; "
+                             "use another run directory or --no-resume")
+        if table_version is not None and info.table_version is not None and info.table_version != table_version:
+            raise ValueError(f"{latest} was trained on experiences table version {info.table_version}, but version "
+                             f"{table_version} was given; resume with the pinned version or use --no-resume")
+        table_version = info.table_version if table_version is None else table_version
+    policies = policies or build_policies(cfg, models_dir=models_dir)
+    load_student_init(policies, info.student_dir if info else student_init)
+    composer = load_composer_init(policies, cfg, info.composer_dir if info else composer_init)
+    if needs_composer(cfg) and (composer is None or not composer.has_phi0):
+        raise ValueError("LOPD with latent context needs a cold-started composer: pass composer_init=<directory written "
+                         "by lopd_core.training.cold_start> (`lopd distill --cold-start` does both)")
+    algorithm = make_algorithm(d, policies, composer=composer if needs_composer(cfg) else None, engine=engine)
+    start_step, cursor, budget = 0, 0, {"episodes": 0.0, "skill_generations": 0.0}
+    if info is not None:
+        restore_trainer_state(info, algorithm)
+        start_step, cursor, budget = info.step + 1, info.cursor, {**budget, **info.budget}
+    budget["pretraining_episodes"] = float(pretraining_episodes or budget.get("pretraining_episodes", 0.0))
+
+    g = algorithm.episodes_per_task
+    tasks_per_step = d.tasks_per_step // g
+    pool = task_order(suite, cfg, n_tasks=max(tasks_per_step * d.steps, 1), tasks=tasks)
+    engine = engine or _make_engine(cfg, policies)
+    engine.update_policy(policies.student_module(), f"{run_dir.name}/step{start_step - 1}" if start_step else "init")
+    logger = MultiLogger(logger, history := InMemoryLogger())
+    tok = policies.tokenizer
+    checkpoint, last_metrics = (info.path if info else None), {}
+
+    bar = tqdm(range(start_step, d.steps), desc=f"{d.method} steps", unit="step", disable=not progress)
+    for step in bar:
+        # --- rollouts: B/G tasks × G episodes on the current student -----------------------------------
+        step_tasks = [pool[(cursor + k) % len(pool)] for k in range(tasks_per_step)]
+        cursor += tasks_per_step
+        episode_tasks = [t for t in step_tasks for _ in range(g)]
+        sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                                  max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=end_of_turn_ids(tok),
+                                  seed=d.seed * 1_000_003 + step)
+        started = time.perf_counter()
+        trajectories = run_episodes(engine, tok, suite, episode_tasks, max_turns=cfg.rollout.max_turns,
+                                    max_trajectory_tokens=cfg.rollout.max_trajectory_tokens, sampling=sampling,
+                                    observation_max_chars=cfg.rollout.observation_max_chars,
+                                    policy_version=f"{run_dir.name}/step{step - 1}" if step else "init", step=step,
+                                    cycle_id=run_dir.name)
+        metrics = rollout_metrics(trajectories, time.perf_counter() - started)
+
+        # --- retrieval: J experiences per task, pinned table, leakage rules ----------------------------
+        retrieved, memory_metrics = retrieve_for(retriever, episode_tasks, trajectories, step=step,
+                                                 k=d.lopd.n_retrieved, exclude_same_task=d.lopd.exclude_same_task,
+                                                 group_size=g)
+        metrics.update(memory_metrics)
+
+        # --- the method's step ---------------------------------------------------------------------------
+        started = time.perf_counter()
+        metrics.update(numeric(algorithm.step(StepInputs(step=step, trajectories=trajectories, tasks=episode_tasks,
+                                                         retrieved=retrieved, retriever=retriever, group_size=g))))
+        metrics["distill/step_s"] = time.perf_counter() - started
+
+        # --- budget, log, checkpoint, on-policy engine -------------------------------------------------
+        budget["episodes"] += len(trajectories)
+        budget["skill_generations"] += metrics.get("budget/skill_generations", 0.0)
+        metrics.update({"budget/episodes_step": float(len(trajectories)), "budget/episodes": budget["episodes"],
+                        "budget/pretraining_episodes": budget["pretraining_episodes"],
+                        "budget/skill_generations": budget["skill_generations"],
+                        "budget/total_units": budget["episodes"] + budget["skill_generations"]
+                        + budget["pretraining_episodes"]})
+        logger.log(metrics, step=step)
+        last_metrics = metrics
+        if (step + 1) % d.checkpoint_every == 0 or step + 1 == d.steps:
+            checkpoint = save_checkpoint(run_dir, step=step, policies=policies, algorithm=algorithm, cfg=cfg,
+                                         cursor=cursor, composer=composer if needs_composer(cfg) else None,
+                                         table_version=table_version, budget=budget, keep=d.keep_checkpoints)
+        engine.update_policy(policies.student_module(), f"{run_dir.name}/step{step}")
+        bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
+                         ("rollout/success_rate", "distill/kl_topk", "distill/loss", "distill/beta") if k in metrics})
+        if on_step is not None:
+            on_step(step, metrics, trajectories)
+    bar.close()
+
+    # --- final artifacts (plain directories for the registry) --------------------------------------------
+    student_dir = save_student(policies, run_dir / "final" / "student")
+    composer_dir = None
+    if composer is not None:
+        composer.info.setdefault("joint_steps", 0)
+        composer.info["joint_steps"] = int(composer.info["joint_steps"]) + (d.steps - start_step)
+        composer_dir = run_dir / "final" / "composer"
+        save_composer(policies, composer, composer_dir)
+    return TrainResult(run_dir=run_dir, student_dir=student_dir, composer_dir=composer_dir, first_step=start_step,
+                       last_step=d.steps - 1, metrics=last_metrics, history=[m for _, m in history.records],
+                       budget=budget, table_version=table_version, checkpoint=checkpoint, resumed=info is not None)
+
+
+# --------------------------------------------------------------------------------------------------
+def cold_start(cfg, *, retriever: Retriever, out_dir: Path, trajectories: list[Trajectory] | None = None,
+               experiences: list[Experience] | None = None, composer_init: Path | None = None,
+               policies: PolicySet | None = None, logger: MetricLogger | None = None, progress: bool = True,
+               models_dir: Path | None = None) -> ColdStartResult:
+    """Cold-start the composer on successful base-model trajectories and write it (with φ0) to ``out_dir``.
+
+    ``trajectories`` (preferred: the sampled ids) or ``experiences`` (re-rendered with the chat template)
+    are the y*; each y*'s experiences come from ``retriever`` with y* itself excluded. A ``composer_init``
+    that already has φ0 continues training φ and keeps its φ0 (φ0 is fixed at the first cold start).
+    """
+    from tqdm.auto import tqdm
+
+    from lopd_core.algorithms.cold_start import (
+        ColdStart,
+        batches,
+        cold_start_examples,
+        trajectory_from_experience,
+    )
+
+    lopd, cold = cfg.distill.lopd, cfg.distill.lopd.cold_start
+    _seed_everything(cfg.distill.seed)
+    policies = policies or build_policies(cfg, models_dir=models_dir)
+    composer = load_composer_init(policies, cfg, composer_init) or new_composer_state(policies, lopd, seed=cfg.distill.seed)
+    if trajectories is None:
+        if experiences is None:
+            raise ValueError("cold_start needs trajectories or experiences (the base model's successful episodes)")
+        trajectories = [trajectory_from_experience(policies.tokenizer, e) for e in experiences]
+    examples, skipped = cold_start_examples(trajectories, retriever, n_retrieved=lopd.n_retrieved,
+                                            exclude_same_task=lopd.exclude_same_task)
+    history: list[dict[str, float]] = []
+    if cold.steps > 0:
+        trainer = ColdStart(cfg.distill, policies, composer)
+        for i, batch in enumerate(tqdm(batches(examples, batch_size=cold.batch_size, steps=cold.steps, seed=cfg.distill.seed),
+                                       total=cold.steps, desc="cold start", unit="step", disable=not progress)):
+            metrics = trainer.step(batch)
+            history.append(metrics)
+            if logger is not None:
+                logger.log(metrics, step=i)
+    if not composer.has_phi0:
+        from lopd_core.models.composer import freeze_phi0
+
+        freeze_phi0(policies, composer)
+    nll = [m["cold_start/nll"] for m in history]
+    composer.info["cold_start"] = {"steps": cold.steps, "examples": len(examples), "nll_first": nll[0] if nll else None,
+                                   "nll_last": nll[-1] if nll else None}
+    save_composer(policies, composer, Path(out_dir))
+    return ColdStartResult(composer_dir=Path(out_dir), steps=cold.steps, examples=len(examples), skipped=skipped,
+                           nll_first=nll[0] if nll else float("nan"), nll_last=nll[-1] if nll else float("nan"),
+                           history=history)

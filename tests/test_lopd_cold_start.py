@@ -1,0 +1,72 @@
+"""Cold start of the composer on the tiny model: the leakage rule, what trains, and that the NLL goes down."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lopd_core.algorithms.cold_start import ColdStart, ColdStartExample, batches, cold_start_examples
+from lopd_core.algorithms.synthetic import experience_of, make_trajectory
+from lopd_core.config import load_config
+from lopd_core.memory.base import InMemoryRetriever
+from lopd_core.models.composer import new_composer_state
+from lopd_core.models.policy import ENCODER, STUDENT, build_policy_set
+
+
+def bank(tok):
+    rows = [make_trajectory(tok, task_id=f"t{i}", instruction=f"What is {i}+{i}? Use the calculator.",
+                            replies=[f'<tool_call>{{"name": "add", "arguments": {{"a": {i}, "b": {i}}}}}</tool_call>',
+                                     f"It is {2 * i}."], observations=[f"<tool_response>{2 * i}</tool_response>"])
+            for i in range(1, 5)]
+    return rows, InMemoryRetriever([experience_of(r) for r in rows])
+
+
+def test_a_trajectory_is_never_among_its_own_experiences(tiny_tokenizer):
+    rows, retriever = bank(tiny_tokenizer)
+    failed = make_trajectory(tiny_tokenizer, task_id="t9", instruction="What is 9+9?", replies=["no"], reward=0.0)
+    examples, skipped = cold_start_examples([*rows, failed], retriever, n_retrieved=2, exclude_same_task=False)
+    assert skipped == {"not_successful": 1, "no_experience": 0} and len(examples) == 4
+    for ex in examples:
+        assert len(ex.experiences) == 2
+        assert all(e.episode_id != ex.trajectory.episode_id for e in ex.experiences)
+    # the same task id allowed, but not the same episode: a second success of t1 is retrievable for the first
+    again = make_trajectory(tiny_tokenizer, task_id="t1", instruction=rows[0].instruction, replies=["It is 2."])
+    retriever.add(experience_of(again))
+    examples, _ = cold_start_examples(rows[:1], retriever, n_retrieved=1, exclude_same_task=False)
+    assert examples[0].experiences[0].episode_id == again.episode_id
+
+
+def test_cold_start_trains_only_the_composer_and_lowers_the_nll(tiny_tokenizer, models_dir):
+    cfg = load_config("smoke").with_overrides({"distill.lopd.cold_start.lr": 3e-3})
+    torch.manual_seed(0)
+    policies = build_policy_set(cfg.model, cfg.distill.lopd, models_dir, device="cpu")
+    composer = new_composer_state(policies, cfg.distill.lopd)
+    rows, retriever = bank(tiny_tokenizer)
+    examples, _ = cold_start_examples(rows, retriever, n_retrieved=1, exclude_same_task=True)
+    trainer = ColdStart(cfg.distill, policies, composer)
+    frozen = {n: p.detach().clone() for n, p in policies.base.named_parameters() if "lora_" not in n}
+    student0 = [p.detach().clone() for p in policies.adapter_parameters(STUDENT)]
+    encoder0 = [p.detach().clone() for p in policies.adapter_parameters(ENCODER)]
+    compressor0 = [p.detach().clone() for p in composer.compressor.parameters()]
+    nll = [trainer.step(examples[:2])["cold_start/nll"] for _ in range(8)]
+    assert nll[-1] < nll[0], nll
+    assert all(torch.equal(a, b) for a, b in zip(student0, policies.adapter_parameters(STUDENT), strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(encoder0, policies.adapter_parameters(ENCODER), strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(compressor0, composer.compressor.parameters(), strict=True))
+    for n, p in policies.base.named_parameters():
+        if "lora_" not in n:
+            assert torch.equal(p, frozen[n])
+    leaked = ColdStartExample(rows[0], [experience_of(rows[0])])
+    with pytest.raises(ValueError, match="among its own retrieved experiences"):
+        trainer.step([leaked])
+
+
+def test_cold_start_batches_cycle_deterministically():
+    examples = list(range(5))
+    first = list(batches(examples, batch_size=2, steps=6, seed=3))
+    assert first == list(batches(examples, batch_size=2, steps=6, seed=3))
+    assert sorted(x for b in first[:2] for x in b) != [] and all(len(b) == 2 for b in first)
+    seen = [x for b in first for x in b]
+    assert sorted(seen[:5]) == examples  # one full pass before any repeat
+    with pytest.raises(ValueError, match="no usable example"):
+        next(batches([], batch_size=2, steps=1, seed=0))

@@ -1,0 +1,112 @@
+"""The training driver end to end on the tiny model: real toolworld tasks, the real agent loop and hf engine.
+
+The tiny random model never solves a task, so the experience bank and the cold-start targets are built by
+playing each task's scripted oracle through the real environment (its verifier gives the reward).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from lopd_core.algorithms.synthetic import experience_of, make_trajectory
+from lopd_core.checkpoint import list_checkpoints, read_checkpoint
+from lopd_core.config import load_config
+from lopd_core.envs import get_suite
+from lopd_core.memory.base import InMemoryRetriever
+from lopd_core.metrics import JsonlLogger
+from lopd_core.training import cold_start, train
+
+_RESPONSE = re.compile(r"<tool_response>.*?</tool_response>", re.DOTALL)
+
+
+def oracle_trajectory(tok, suite, task):
+    """Play ``task.oracle`` through the real environment: assistant turns between the tool responses."""
+    env = suite.make_env(task)
+    messages = env.reset(task)
+    replies = [p.strip() for p in _RESPONSE.split(task.oracle) if p.strip()]
+    observations = []
+    for reply in replies:
+        result = env.step(reply)
+        if result.observation is not None and not result.done:
+            observations.append(result.observation)
+    outcome = env.result()
+    return make_trajectory(tok, task_id=task.task_id, instruction=task.instruction, replies=replies,
+                           observations=observations[: len(replies) - 1], reward=outcome.reward,
+                           system=messages[0]["content"], tools=task.tools, suite=suite.name, family=task.family)
+
+
+@pytest.fixture
+def bank(tiny_tokenizer):
+    suite = get_suite("toolworld")
+    tasks = suite.tasks("train", 6, level=1, seed=123)
+    trajectories = [oracle_trajectory(tiny_tokenizer, suite, t) for t in tasks]
+    assert all(t.success for t in trajectories), [t.reward for t in trajectories]
+    return suite, trajectories, InMemoryRetriever([experience_of(t) for t in trajectories])
+
+
+def smoke(tmp_path, models_dir, **overrides):
+    return load_config("smoke").with_overrides({"workspace.home": str(tmp_path / "ws"),
+                                                "workspace.models_dir": str(models_dir), "rollout.max_turns": 1,
+                                                "rollout.max_new_tokens": 12, **overrides})
+
+
+KEYS = ("distill/kl_topk", "distill/composer_kl", "distill/privilege_delta", "distill/beta", "distill/anchor",
+        "rollout/mean_tokens")
+
+
+def test_lopd_resume_equals_an_uninterrupted_run(tmp_path, models_dir, bank):
+    suite, trajectories, retriever = bank
+    cfg = smoke(tmp_path, models_dir, **{"distill.steps": 2, "distill.lopd.lr_composer": 1e-3,
+                                         "distill.keep_checkpoints": 1})
+    cold = cold_start(cfg, retriever=retriever, out_dir=tmp_path / "cold" / "composer", trajectories=trajectories,
+                      progress=False)
+    assert cold.examples == len(trajectories) and cold.steps == cfg.distill.lopd.cold_start.steps
+
+    full = train(cfg, suite=suite, retriever=retriever, run_dir=tmp_path / "full", composer_init=cold.composer_dir,
+                 progress=False, table_version=7)
+    assert [h["budget/episodes"] for h in full.history] == [2.0, 4.0]
+    assert all(h["memory/hit_rate"] == 1.0 and h["memory/same_task_rate"] == 0.0 for h in full.history)
+
+    part = smoke(tmp_path, models_dir, **{"distill.steps": 1, "distill.lopd.lr_composer": 1e-3})
+    first = train(part, suite=suite, retriever=retriever, run_dir=tmp_path / "split", composer_init=cold.composer_dir,
+                  progress=False, table_version=7)
+    assert first.last_step == 0 and not first.resumed
+    with pytest.raises(ValueError, match="table version 7"):
+        train(cfg, suite=suite, retriever=retriever, run_dir=tmp_path / "split", progress=False, table_version=8)
+    logger = JsonlLogger(tmp_path / "split" / "metrics.jsonl")
+    rest = train(cfg, suite=suite, retriever=retriever, run_dir=tmp_path / "split", progress=False, logger=logger)
+    assert rest.resumed and rest.first_step == 1 and rest.table_version == 7
+    assert [r["step"] for r in logger.read()] == [1]
+    for uninterrupted, resumed in zip(full.history[1:], rest.history, strict=True):
+        for key in KEYS:
+            assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-5, abs=1e-7), key
+    assert rest.budget["episodes"] == full.budget["episodes"] == 4
+
+    # checkpoints: the last keep_checkpoints (1) step directories, complete, with the manifest fields
+    kept = list_checkpoints(tmp_path / "full")
+    assert [p.name for p in kept] == ["step_000001"]
+    info = read_checkpoint(kept[-1])
+    assert (info.step, info.cursor, info.table_version, info.method) == (1, 4, 7, "lopd")
+    assert info.beta == pytest.approx(full.history[-1]["distill/beta"])
+    assert (info.path / "composer" / "phi0" / "anchor_cache.safetensors").exists()
+    assert (full.student_dir / "adapter_model.safetensors").exists() and full.composer_dir is not None
+
+
+@pytest.mark.parametrize("method", ["grpo", "none"])
+def test_budget_is_b_episodes_per_step_for_every_method(tmp_path, models_dir, bank, method):
+    suite, _, retriever = bank
+    cfg = smoke(tmp_path, models_dir, **{"distill.method": method, "distill.steps": 1})
+    result = train(cfg, suite=suite, retriever=retriever, run_dir=tmp_path / method, progress=False,
+                   pretraining_episodes=6)
+    h = result.history[0]
+    assert h["budget/episodes_step"] == cfg.distill.tasks_per_step
+    assert h["budget/pretraining_episodes"] == 6 and h["budget/total_units"] == cfg.distill.tasks_per_step + 6
+    assert result.composer_dir is None and (result.student_dir / "lopd_student.json").exists()
+
+
+def test_lopd_without_a_cold_started_composer_says_what_to_do(tmp_path, models_dir, bank):
+    suite, _, retriever = bank
+    with pytest.raises(ValueError, match="cold-started composer"):
+        train(smoke(tmp_path, models_dir), suite=suite, retriever=retriever, run_dir=tmp_path / "r", progress=False)
