@@ -82,16 +82,20 @@ def end_of_turn_ids(tokenizer) -> list[int]:
 
 
 def turn_suffix_ids(tokenizer, messages: list[dict[str, Any]], generated_ids: list[int],
-                    next_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+                    next_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
+                    add_generation_prompt: bool | None = None) -> list[int]:
     """Ids the template inserts after an assistant turn whose tokens were ``generated_ids``.
 
     ``messages`` is the conversation before the assistant turn; ``next_messages`` are the messages that
     follow it (a tool response, …; empty at the end of the episode). The result starts with the
     end-of-turn text unless the generation already ended with an end-of-turn id, and ends with the next
-    assistant header when ``next_messages`` is non-empty.
+    assistant header when ``next_messages`` is non-empty (or when ``add_generation_prompt`` is True: another
+    assistant turn follows directly).
     """
     probe = [*messages, {"role": "assistant", "content": SENTINEL}, *next_messages]
-    text = render_text(tokenizer, probe, tools, add_generation_prompt=bool(next_messages))
+    if add_generation_prompt is None:
+        add_generation_prompt = bool(next_messages)
+    text = render_text(tokenizer, probe, tools, add_generation_prompt=add_generation_prompt)
     after = text.split(SENTINEL, 1)[1]
     if generated_ids and generated_ids[-1] in end_of_turn_ids(tokenizer):
         eot_text = tokenizer.decode([generated_ids[-1]])
