@@ -10,6 +10,7 @@ This package imports pandas and pandera; it is not part of ``lopd_core`` (which 
 """
 
 from data_contracts.convert import (
+    evaluation_frame,
     frame_to_experiences,
     frame_to_trajectories,
     records_to_trajectory_frame,
@@ -45,6 +46,7 @@ __all__ = [
     "contract_columns",
     "contract_key",
     "enforce_bad_share",
+    "evaluation_frame",
     "frame_to_experiences",
     "frame_to_trajectories",
     "quarantine_rows",

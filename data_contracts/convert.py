@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from data_contracts.models import JSON_COLUMNS, SCHEMA_VERSION, TrajectorySchema, contract_columns
+from data_contracts.models import (
+    JSON_COLUMNS,
+    SCHEMA_VERSION,
+    EvaluationSchema,
+    TrajectorySchema,
+    contract_columns,
+)
 from lopd_core.memory.base import Experience
 from lopd_core.rollout.trajectory import Trajectory
 
@@ -111,3 +117,26 @@ def row_to_experience(row: dict[str, Any], *, score: float = 0.0) -> Experience:
 
 def frame_to_experiences(frame: pd.DataFrame) -> list[Experience]:
     return [row_to_experience(row) for row in frame.to_dict(orient="records")]
+
+
+def evaluation_frame(trajectories: Iterable[Trajectory], *, eval_run_id: str, role: str, probe: str = "heldout",
+                     cycle_id: str = "", composer_version: str = "none",
+                     extra: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Evaluation rows (:class:`EvaluationSchema`, unvalidated) for scored episodes, one per trajectory.
+
+    ``eval_row_id`` is ``{eval_run_id}/{probe}/{task_id}``, so re-scoring the same run is an idempotent upsert.
+    Prompt-NLL rows (``probe='prompt_nll'``) have no trajectory; build those dicts directly.
+    """
+    rows = []
+    for t in trajectories:
+        rows.append({
+            "eval_row_id": f"{eval_run_id}/{probe}/{t.task_id}", "eval_run_id": eval_run_id,
+            "cycle_id": cycle_id or t.cycle_id, "role": role, "policy_version": t.policy_version,
+            "composer_version": composer_version, "probe": probe, "suite": t.suite, "split": t.split,
+            "task_id": t.task_id, "family": t.family, "status": t.status, "reward": float(t.reward),
+            "success": bool(t.success), "response_tokens": int(t.n_generated), "n_tool_calls": int(t.n_tool_calls),
+            "n_invalid_tool_calls": int(t.n_invalid_tool_calls), "nll": float("nan"),
+            "trajectory_id": t.trajectory_id, "extra": json.dumps(extra or {}, sort_keys=True),
+            "schema_version": SCHEMA_VERSION,
+        })
+    return pd.DataFrame(rows, columns=contract_columns(EvaluationSchema))

@@ -16,6 +16,7 @@ from data_contracts import (
     QuarantineSchema,
     StageQualityError,
     TrajectorySchema,
+    evaluation_frame,
     frame_to_trajectories,
     records_to_trajectory_frame,
     trajectories_to_frame,
@@ -187,3 +188,14 @@ def test_quarantine_ids_are_stable_for_the_same_bad_row():
     _, q1 = validate_frame(_frame(bad), TrajectorySchema)
     _, q2 = validate_frame(_frame(make_trajectory(0), bad), TrajectorySchema)
     assert q1["quarantine_id"].tolist() == q2["quarantine_id"].tolist()
+
+
+def test_evaluation_frame_from_scored_episodes_is_contract_valid():
+    episodes = [make_trajectory(i, split="test", reward=r) for i, r in enumerate([1.0, 0.25])]
+    frame = evaluation_frame(episodes, eval_run_id="run-7", role="challenger", cycle_id="c3")
+    valid, quarantine = validate_frame(frame, EvaluationSchema)
+    assert quarantine.empty and valid["eval_row_id"].tolist() == ["run-7/heldout/task-0", "run-7/heldout/task-1"]
+    assert valid["response_tokens"].tolist() == [3, 3] and valid["success"].tolist() == [True, False]
+    train_episode = evaluation_frame([make_trajectory(5)], eval_run_id="run-7", role="challenger")
+    _, quarantine = validate_frame(train_episode, EvaluationSchema)
+    assert "eval_split_is_test_for_heldout_and_forgetting" in quarantine["reason"].iloc[0]

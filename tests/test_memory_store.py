@@ -148,16 +148,19 @@ def test_empty_store_retriever_returns_nothing(store):
     assert retriever.version == 0 and retriever.retrieve(RetrievalQuery(instruction="x", task_id="t"), 3) == []
 
 
-def test_vector_index_is_built_only_above_the_threshold(store):
+@pytest.mark.parametrize("index_type", ["auto", "ivf_pq"])
+def test_vector_index_is_built_only_above_the_threshold(store, index_type):
     store.upsert("experiences", _experience_rows(200), vector_dim=384)
-    assert store.ensure_vector_index()["action"] == "none"
-    assert not any(i.name == VECTOR_INDEX for i in store.open_table("experiences").list_indices())
+    assert store.ensure_vector_index(index_type=index_type)["action"] == "none"
+    assert not store.open_table("experiences").list_indices()
     store.upsert("experiences", _experience_rows(300), vector_dim=384)
     before = store.version("experiences")
-    info = store.ensure_vector_index()
+    info = store.ensure_vector_index(index_type=index_type)
     assert info["action"] == "created" and store.version("experiences") > before
-    assert any(i.name == VECTOR_INDEX for i in store.open_table("experiences").list_indices())
-    assert store.ensure_vector_index()["action"] == "none"  # nothing new to fold in
+    assert info["index_type"] == ("ivf_flat" if index_type == "auto" else "ivf_pq")
+    names = {i.name for i in store.open_table("experiences").list_indices()}
+    assert names == {VECTOR_INDEX, "task_id_idx", "episode_id_idx", "step_idx", "split_idx"}
+    assert store.ensure_vector_index(index_type=index_type)["action"] == "none"  # nothing new to fold in
     retriever = store.retriever()
     assert retriever.has_vector_index
     rows = _experience_rows(300)
@@ -165,6 +168,13 @@ def test_vector_index_is_built_only_above_the_threshold(store):
     assert len(hits) == 3 and all(h.step < 5 for h in hits) and hits[0].experience_id == "x3"
     assert not [h for h in retriever.search_vector(np.asarray(rows.loc[7, "vector"]), k=3, where="step < 5")
                 if h.experience_id == "x7"]
+    # many new rows: folded into the index; the pinned version before it stays readable
+    pinned = store.version("experiences")
+    store.upsert("experiences", _experience_rows(500).iloc[300:], vector_dim=384)
+    assert store.ensure_vector_index(index_type=index_type)["action"] == "optimized"
+    assert store.count("experiences", version=pinned) == 300 and store.count("experiences") == 500
+    newest = _experience_rows(500).loc[420, "vector"]
+    assert store.retriever().search_vector(np.asarray(newest), k=1)[0].experience_id == "x420"
 
 
 def test_near_duplicates_are_not_inserted(store):
@@ -223,3 +233,33 @@ def test_hash_embedder_is_deterministic_and_normalised():
 def test_make_embedder_rejects_unknown_names():
     with pytest.raises(ValueError, match="index.embedder"):
         make_embedder("sentence-transformers/all-MiniLM-L6-v2")
+
+
+def test_a_real_tiny_model_episode_round_trips_through_the_store(tiny_model, tiny_tokenizer, tmp_path):
+    """Token ids, mask and log-probs from a real (tiny, random) model survive LanceDB exactly."""
+    import torch
+
+    from lopd_core.rollout.chat import render_prompt_ids
+    from lopd_core.rollout.trajectory import Trajectory
+
+    messages = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Say hi."}]
+    prompt = render_prompt_ids(tiny_tokenizer, messages)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=True, top_k=20,
+                                  output_scores=True, return_dict_in_generate=True,
+                                  pad_token_id=tiny_tokenizer.pad_token_id)
+    generated = out.sequences[0, len(prompt):].tolist()
+    logprobs = [float(torch.log_softmax(score[0].float(), -1)[tok]) for score, tok in zip(out.scores, generated,
+                                                                                           strict=True)]
+    traj = Trajectory(task_id="hi", suite="toolworld", family="chat", split="train", level=1, instruction="Say hi.",
+                      messages=[*messages, {"role": "assistant", "content": tiny_tokenizer.decode(generated)}],
+                      initial_messages=2, tools=[], token_ids=prompt + generated, prompt_len=len(prompt),
+                      assistant_mask=[0] * len(prompt) + [1] * len(generated),
+                      sampling_logprobs=[0.0] * len(prompt) + logprobs, reward=0.0, success=False,
+                      trajectory_id="tiny-0", episode_id="tiny-ep-0")
+    traj.validate_alignment()
+    store = ExperienceStore(str(tmp_path / "lance"))
+    assert store.write_trajectories([traj]).n_inserted == 1
+    (back,) = store.read_trajectories()
+    assert back == traj  # exact ids, mask and float log-probs

@@ -107,7 +107,8 @@ class SentenceTransformerEmbedder:
         self.path = Path(path)
         self.name = name
         self.model = SentenceTransformer(str(self.path), device=device, local_files_only=True)
-        dim = self.model.get_sentence_embedding_dimension()
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        dim = get_dim()
         if not dim:
             raise ValueError(f"embedder '{name}': {self.path} does not report an embedding dimension")
         self.dim = int(dim)

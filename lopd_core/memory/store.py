@@ -325,10 +325,11 @@ class ExperienceStore:
                                     max_bad_fraction=max_bad_fraction)
 
     # ---------------------------------------------------------------------------------------------
-    def ensure_vector_index(self, *, min_rows: int | None = None) -> dict[str, Any]:
+    def ensure_vector_index(self, *, min_rows: int | None = None, index_type: str = "auto") -> dict[str, Any]:
         from lopd_core.memory.retriever import ensure_vector_index
 
-        return ensure_vector_index(self, min_rows=self.vector_index_min_rows if min_rows is None else min_rows)
+        return ensure_vector_index(self, min_rows=self.vector_index_min_rows if min_rows is None else min_rows,
+                                   index_type=index_type)
 
     def retriever(self, *, version: int | None = None, **search_options) -> LanceRetriever:
         """A :class:`~lopd_core.memory.base.Retriever` over ``experiences`` pinned at ``version`` (None = latest now)."""
