@@ -15,8 +15,10 @@ All metric names are stable; they are logged to MLflow as they are.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,15 +128,26 @@ def _answer_logprobs(model, tokenizer, prompt: str, answer: list[int]) -> torch.
     return torch.log_softmax(logits[start:start + len(answer)], dim=-1)
 
 
-def general_prompt_forgetting(student, base_model, tokenizer, prompts: list[str],
+Scope = Callable[[], contextlib.AbstractContextManager]
+"""A zero-argument callable returning a context manager that yields a model with the right weights live
+(e.g. ``PolicySet.student`` / ``PolicySet.teacher`` on a shared LoRA base; ``fixed(model)`` for a plain one)."""
+
+
+def fixed(model) -> Scope:
+    return lambda: contextlib.nullcontext(model)
+
+
+def general_prompt_forgetting(student: Scope, base: Scope, tokenizer, prompts: list[str],
                               references: list[list[int]]) -> dict[str, float]:
     """Per-token KL(base ‖ student) and NLL(student) − NLL(base) on the base's own answers."""
     kl_sum, dnll_sum, n = 0.0, 0.0, 0
     for prompt, answer in zip(prompts, references, strict=True):
         if not answer:
             continue
-        lp_s = _answer_logprobs(student, tokenizer, prompt, answer)
-        lp_b = _answer_logprobs(base_model, tokenizer, prompt, answer)
+        with student() as model:
+            lp_s = _answer_logprobs(model, tokenizer, prompt, answer)
+        with base() as model:
+            lp_b = _answer_logprobs(model, tokenizer, prompt, answer)
         target = torch.tensor(answer, device=lp_s.device).unsqueeze(-1)
         kl_sum += (lp_b.exp() * (lp_b - lp_s)).sum().item()
         dnll_sum += (lp_b.gather(-1, target) - lp_s.gather(-1, target)).sum().item()
@@ -157,27 +170,32 @@ def cached_references(cache_file: Path, base_model, tokenizer, prompts: list[str
 
 
 # --------------------------------------------------------------------------------------------------
-def evaluate(student, tokenizer, *, cfg, suite_name: str, policy_version: str, base_model=None,
+def evaluate(student: Scope, tokenizer, *, cfg, suite_name: str, policy_version: str, base: Scope | None = None,
              reference_cache: Path | None = None, progress: bool = False, with_probe: bool = True,
              cycle_id: str = "") -> EvalResult:
-    """Held-out success + drift metrics on ``suite_name``, and (``with_probe``) the forgetting probe."""
-    student.eval()
-    trajectories = run_suite(student, tokenizer, suite_name, cfg=cfg, split="test", n_tasks=cfg.evaluate.n_tasks,
-                             seed=EVAL_SEED, policy_version=policy_version, temperature=cfg.evaluate.temperature,
+    """Held-out success + drift metrics on ``suite_name``, and (``with_probe``) the forgetting probe.
+
+    ``student`` / ``base`` are scopes (see :data:`Scope`); ``base`` enables the general-prompt probe.
+    """
+    def episodes(suite: str, n: int) -> list[Trajectory]:
+        with student() as model:
+            model.eval()
+            return run_suite(model, tokenizer, suite, cfg=cfg, split="test", n_tasks=n, seed=EVAL_SEED,
+                             policy_version=policy_version, temperature=cfg.evaluate.temperature,
                              progress=progress, cycle_id=cycle_id)
+
+    trajectories = episodes(suite_name, cfg.evaluate.n_tasks)
     metrics: dict[str, Any] = episode_metrics(trajectories)
     probe_trajs: list[Trajectory] = []
     if with_probe:
         probe_name = cfg.evaluate.probe_suite if cfg.evaluate.probe_suite != "auto" else other_suite(suite_name)
         if probe_name and cfg.evaluate.probe_n_tasks:
-            probe_trajs = run_suite(student, tokenizer, probe_name, cfg=cfg, split="test",
-                                    n_tasks=cfg.evaluate.probe_n_tasks, seed=EVAL_SEED,
-                                    policy_version=policy_version, temperature=cfg.evaluate.temperature,
-                                    cycle_id=cycle_id)
+            probe_trajs = episodes(probe_name, cfg.evaluate.probe_n_tasks)
             metrics["eval/probe_success_rate"] = episode_metrics(probe_trajs, "probe")["probe/success_rate"]
-        if base_model is not None and cfg.evaluate.probe_prompts:
+        if base is not None and cfg.evaluate.probe_prompts:
             prompts = GENERAL_PROMPTS[: cfg.evaluate.probe_prompts]
-            refs = (cached_references(reference_cache, base_model, tokenizer, prompts) if reference_cache
-                    else base_reference_answers(base_model, tokenizer, prompts))
-            metrics.update(general_prompt_forgetting(student, base_model, tokenizer, prompts, refs))
+            with base() as base_model:
+                refs = (cached_references(reference_cache, base_model, tokenizer, prompts) if reference_cache
+                        else base_reference_answers(base_model, tokenizer, prompts))
+            metrics.update(general_prompt_forgetting(student, base, tokenizer, prompts, refs))
     return EvalResult(metrics=metrics, trajectories=trajectories, probe_trajectories=probe_trajs)

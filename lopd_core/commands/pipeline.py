@@ -1,35 +1,172 @@
-"""`lopd cycle|serve|backfill|evaluate|promote|rollback`: the continual-learning cycle and its registry."""
+"""`lopd cycle|serve|backfill|evaluate|promote|rollback`: the continual-learning cycle and its registry.
+
+These commands run the Prefect flows of ``flows/`` (ephemeral Prefect when no PREFECT_API_URL is set) —
+``lopd cycle`` is one ``lopd-cycle`` flow run — and print a summary (``--json``: one JSON object on the last
+line of stdout).
+"""
 
 from __future__ import annotations
 
-from lopd_core.commands.common import Overrides, Profile, not_built
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out
 
 
-def cycle(profile: Profile = "demo", set_: Overrides = None):
+def _prefect(profile: str, overrides: list[str] | None):
+    """Config + Prefect pointed at the workspace (must happen before a flow runs)."""
+    import os
+
+    cfg = load(profile, overrides)
+    from lopd_core.workspace import Workspace
+
+    ws = Workspace.from_config(cfg.workspace).ensure()
+    for key, value in ws.prefect_env().items():
+        os.environ.setdefault(key, value)
+    return cfg, ws
+
+
+def _ui_hints(ws) -> list[str]:
+    return [f"MLflow UI:  mlflow ui --backend-store-uri {ws.mlflow_tracking_uri}",
+            f"Prefect UI: PREFECT_HOME={ws.prefect_home} prefect server start   (then open http://127.0.0.1:4200)"]
+
+
+def _print_cycle_summary(summary: dict) -> None:
+    table = Table(title=f"lopd cycle {summary['cycle_id']} ({summary['state']})", show_header=False)
+    fmt = lambda v: "—" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
+    rows = [("suite / method", f"{summary['suite']} / {summary['method']}"),
+            ("seed-rollout success (champion)", fmt(summary["seed_rollout_success"])),
+            ("held-out success before (champion)", fmt(summary["success_before"])),
+            ("held-out success after (challenger)", fmt(summary["success_after"])),
+            ("experiences stored (table version)", f"{fmt(summary['experiences'])} (v{fmt(summary['experiences_version'])})"),
+            ("distillation steps", fmt(summary["distill_steps"])),
+            ("registered pair", f"student v{fmt(summary['student_version'])} / composer v{fmt(summary['composer_version'])}"),
+            ("decision", fmt(summary["decision"])),
+            ("@champion", f"student v{fmt(summary['champion'])}"),
+            ("stage seconds", ", ".join(f"{k} {v:.0f}" for k, v in summary["timings_s"].items())),
+            ("report", summary["report"])]
+    for k, v in rows:
+        table.add_row(k, v)
+    out.print(table)
+
+
+def cycle(
+    profile: Profile = "demo",
+    set_: Overrides = None,
+    cycle_id: Annotated[str, typer.Option(help="Cycle id (re-running an id resumes/returns it); default: UTC time.")] = "",
+    as_json: JsonFlag = False,
+):
     """Run one continual-learning cycle as a Prefect flow run."""
-    not_built("cycle")
+    import time
+
+    cfg, ws = _prefect(profile, set_)
+    from flows.cycle import cycle_flow, new_cycle_id
+    from lopd_core.cycle import cycle_summary
+
+    cycle_id = cycle_id or new_cycle_id()
+    err.print(f"cycle {cycle_id}: profile {cfg.name}, workspace {ws.home}", highlight=False)
+    started = time.perf_counter()
+    try:
+        cycle_flow(profile, list(set_ or []), cycle_id)
+    except Exception as e:  # the flow run failed; the record says which stage
+        summary = cycle_summary(cfg, cycle_id)
+        fail(f"cycle {cycle_id} failed: {e} (state recorded in {ws.runs_dir / cycle_id / 'cycle.json'}; "
+             f"re-run with --cycle-id {cycle_id} to resume)")
+    summary = cycle_summary(cfg, cycle_id)
+    summary["wall_s"] = round(time.perf_counter() - started, 1)
+    if as_json:
+        for line in _ui_hints(ws):
+            err.print(line, highlight=False)
+        emit_json(summary)
+        return
+    _print_cycle_summary(summary)
+    out.print(f"wall time {summary['wall_s']:.0f} s")
+    for line in _ui_hints(ws):
+        out.print(line, highlight=False)
 
 
 def serve(profile: Profile = "demo", set_: Overrides = None):
     """Register and serve the Prefect deployments (lopd-cycle on its schedule, backfill, evaluate, promote, rollback)."""
-    not_built("serve")
+    import os
+
+    _prefect(profile, set_)
+    if not os.environ.get("PREFECT_API_URL"):
+        fail("`lopd serve` needs a Prefect server: run `prefect server start` and set "
+             "PREFECT_API_URL=http://127.0.0.1:4200/api (schedules do not run in ephemeral mode)")
+    from flows.serve import serve as serve_deployments
+
+    serve_deployments(profile, list(set_ or []))
 
 
-def backfill(profile: Profile = "demo", set_: Overrides = None):
-    """Re-curate and re-index (optionally re-evaluate) a window of past cycles."""
-    not_built("backfill")
+def backfill(
+    profile: Profile = "demo",
+    set_: Overrides = None,
+    cycle: Annotated[list[str] | None, typer.Option("--cycle", help="Cycle id of the window (repeatable).")] = None,
+    since: Annotated[str, typer.Option(help="First cycle id of the window (ids sort by time).")] = "",
+    until: Annotated[str, typer.Option(help="Last cycle id of the window.")] = "",
+    rebuild_index: Annotated[bool, typer.Option(help="Re-embed everything (e.g. after changing index.embedder).")] = False,
+    reevaluate: Annotated[list[str] | None, typer.Option(help="Student version to re-evaluate (repeatable).")] = None,
+    as_json: JsonFlag = False,
+):
+    """Re-curate and re-index (optionally re-evaluate) a window of past cycles, as a `lopd-backfill` flow run."""
+    _prefect(profile, set_)
+    from flows.backfill import backfill_flow
+
+    result = backfill_flow(profile, list(set_ or []), list(cycle or []), since, until, rebuild_index, list(reevaluate or []))
+    if as_json:
+        emit_json(result)
+    else:
+        out.print(result)
 
 
-def evaluate(profile: Profile = "demo", set_: Overrides = None):
-    """Evaluate a registered model pair on held-out tasks."""
-    not_built("evaluate")
+def evaluate(
+    profile: Profile = "demo",
+    set_: Overrides = None,
+    version: Annotated[str, typer.Option(help="'champion', 'challenger' or a student version number.")] = "champion",
+    as_json: JsonFlag = False,
+):
+    """Evaluate a registered model pair on held-out tasks (a `lopd-evaluate` flow run)."""
+    _prefect(profile, set_)
+    from flows.evaluate import evaluate_flow
+
+    try:
+        result = evaluate_flow(profile, list(set_ or []), version)
+    except ValueError as e:
+        fail(str(e))
+    if as_json:
+        emit_json(result)
+        return
+    table = Table("metric", "value", title=f"student v{result['student_version']}")
+    for k, v in sorted(result["metrics"].items()):
+        table.add_row(k, f"{v:.4g}")
+    out.print(table)
 
 
-def promote(profile: Profile = "demo", set_: Overrides = None):
-    """Run the promotion gate on @challenger vs @champion."""
-    not_built("promote")
+def promote(profile: Profile = "demo", set_: Overrides = None, as_json: JsonFlag = False):
+    """Run the promotion gate on @challenger vs @champion (a `lopd-promote` flow run)."""
+    _prefect(profile, set_)
+    from flows.promote import promote_flow
+
+    try:
+        result = promote_flow(profile, list(set_ or []))
+    except ValueError as e:
+        fail(str(e))
+    emit_json(result) if as_json else out.print(result["decision"], highlight=False)
 
 
-def rollback(profile: Profile = "demo", set_: Overrides = None):
-    """Re-point @champion to the previous pair."""
-    not_built("rollback")
+def rollback(profile: Profile = "demo", set_: Overrides = None, as_json: JsonFlag = False):
+    """Re-point @champion to the previous pair (a `lopd-rollback` flow run)."""
+    _prefect(profile, set_)
+    from flows.promote import rollback_flow
+
+    try:
+        result = rollback_flow(profile, list(set_ or []))
+    except RuntimeError as e:
+        fail(str(e))
+    if as_json:
+        emit_json(result)
+    else:
+        out.print(f"@champion: student v{result['champion']['student']} / composer v{result['champion']['composer']} "
+                  f"(was student v{result['rolled_back']['student']})")

@@ -1,0 +1,469 @@
+"""The stages of one continual-learning cycle, as plain functions (the Prefect flows only chain them).
+
+    rollouts → curate → index → distill → evaluate → promote
+
+Each stage takes a :class:`CycleContext` and returns a small JSON-able reference (counts, table versions,
+run ids, model versions), never tensors. Stages are **idempotent on the cycle id**: a finished stage is
+recorded in ``<workspace>/runs/<cycle_id>/cycle.json`` and returns its recorded result when run again;
+writes are keyed upserts (trajectory ids are ``<cycle>/<stage>/<index>``), registration is keyed by the
+cycle id, and distillation resumes from its last checkpoint — so a crash anywhere resumes from the last
+completed stage / step, and re-running a finished cycle changes nothing.
+
+Lineage (lopd-method.md, "Across continual-learning cycles"): rollouts always use ``@champion``; the
+teacher and the composer's encoder backbone are the configured base model of the whole lineage (tag
+``base_model``); the student and composer continue from the champion pair; the composer is cold-started
+once, when the champion's composer is still the base marker (cycle 1), and φ0 with its anchor cache
+travels inside every later composer artifact.
+
+What this module is not: the algorithms (``training``), the store (``memory``), the gate maths
+(``registry.decide_promotion``), or any orchestration (``flows/``).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from lopd_core.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+STAGES = ("rollouts", "curate", "index", "distill", "evaluate", "promote")
+
+
+class CycleState(enum.StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass
+class CycleRecord:
+    cycle_id: str
+    state: CycleState = CycleState.RUNNING
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Results of the completed stages, by stage name."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Compute seconds per stage (first successful run)."""
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    error: str = ""
+
+    @classmethod
+    def load(cls, path: Path, cycle_id: str) -> CycleRecord:
+        if not path.exists():
+            return cls(cycle_id=cycle_id)
+        data = json.loads(path.read_text())
+        data["state"] = CycleState(data["state"])
+        return cls(**data)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**asdict(self), "state": self.state.value}, indent=2, default=str))
+        os.replace(tmp, path)
+
+
+def cycle_seed(cycle_id: str, base_seed: int = 0) -> int:
+    """A per-cycle seed, so every cycle samples fresh tasks yet re-running one cycle id repeats it exactly."""
+    return (int(hashlib.sha256(cycle_id.encode()).hexdigest()[:8], 16) + base_seed) % (2**31 - 1)
+
+
+class MlflowMetricLogger:
+    """The training driver's MetricLogger protocol, writing to the cycle's MLflow run."""
+
+    def __init__(self, registry, run_id: str, *, step_offset: int = 0):
+        self.registry, self.run_id, self.step_offset = registry, run_id, step_offset
+
+    def log(self, metrics, *, step: int) -> None:
+        from lopd_core.metrics import numeric
+
+        self.registry.log_metrics(self.run_id, numeric(metrics), step=step + self.step_offset)
+
+
+# --------------------------------------------------------------------------------------------------
+class CycleContext:
+    """Everything a stage needs, created lazily: workspace, store, registry, suite, the cycle record."""
+
+    def __init__(self, cfg, cycle_id: str, *, flow_run_id: str = ""):
+        if not cycle_id or "/" in cycle_id or "'" in cycle_id:
+            raise ValueError(f"cycle id {cycle_id!r} must be non-empty and contain neither '/' nor quotes")
+        self.cycle_id = cycle_id
+        self.seed = cycle_seed(cycle_id, cfg.rollout.seed)
+        self.cfg = cfg.with_overrides({"distill.seed": self.seed})
+        self.flow_run_id = flow_run_id
+        self.ws = Workspace.from_config(cfg.workspace).ensure()
+        self.dir = self.ws.runs_dir / cycle_id
+        self.record_path = self.dir / "cycle.json"
+        self.record = CycleRecord.load(self.record_path, cycle_id)
+
+    @cached_property
+    def store(self):
+        from lopd_core.memory.store import ExperienceStore
+
+        return ExperienceStore.from_config(self.cfg)
+
+    @cached_property
+    def registry(self):
+        from lopd_core.registry import ModelRegistry
+
+        return ModelRegistry.from_workspace(self.ws, self.cfg.registry)
+
+    @cached_property
+    def suite(self):
+        from lopd_core.envs import get_suite
+
+        return get_suite(self.cfg.rollout.suite)
+
+    @cached_property
+    def mlflow_run_id(self) -> str:
+        return self.registry.cycle_run(self.cycle_id, params=_params(self.cfg, self.cycle_id),
+                                       config=self.cfg.model_dump(mode="json"))
+
+    def champion(self):
+        return self.registry.bootstrap_base(self.cfg.model.base, config_hash=self.cfg.hash())
+
+    def run_stage(self, name: str, fn) -> dict[str, Any]:
+        """Run ``fn(self)`` once per cycle id; later calls return the recorded result."""
+        if name in self.record.stages:
+            log.info("cycle %s: stage %s already completed, reusing its result", self.cycle_id, name)
+            return self.record.stages[name]
+        started = time.perf_counter()
+        try:
+            result = fn(self)
+        except BaseException as e:
+            self.record.state, self.record.error = CycleState.FAILED, f"{name}: {type(e).__name__}: {e}"
+            self.record.save(self.record_path)
+            raise
+        self.record.timings[name] = round(time.perf_counter() - started, 2)
+        self.record.stages[name] = result
+        self.record.state, self.record.error = CycleState.RUNNING, ""
+        if name == STAGES[-1]:
+            self.record.state, self.record.finished_at = CycleState.COMPLETED, time.time()
+        self.record.save(self.record_path)
+        return result
+
+
+def _params(cfg, cycle_id: str) -> dict[str, Any]:
+    return {"cycle_id": cycle_id, "profile": cfg.name, "suite": cfg.rollout.suite, "method": cfg.distill.method,
+            "base_model": cfg.model.base, "student": cfg.model.student, "steps": cfg.distill.steps,
+            "tasks_per_step": cfg.distill.tasks_per_step, "config_hash": cfg.hash()}
+
+
+def _policies(ctx: CycleContext, student_version: str | None):
+    """The run's models with the given registered student version loaded (None/base: the base weights)."""
+    from lopd_core.training import build_policies, load_student_init
+
+    policies = build_policies(ctx.cfg, models_dir=ctx.ws.models_dir)
+    if student_version is not None:
+        load_student_init(policies, ctx.registry.download("student", student_version))
+    return policies
+
+
+def _rekey(trajectories, cycle_id: str, stage: str, step: int | None = None):
+    """Deterministic ids: the idempotency key of every stored rollout."""
+    out = []
+    for i, t in enumerate(trajectories):
+        key = f"{cycle_id}/{stage}/{i:04d}" if step is None else f"{cycle_id}/{stage}/{step:04d}/{i:04d}"
+        out.append(replace(t, trajectory_id=key, episode_id=key, cycle_id=cycle_id))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Stages
+def stage_rollouts(ctx: CycleContext) -> dict[str, Any]:
+    """Episodes on training tasks with the @champion student, into the trajectories table."""
+    from lopd_core.evaluation import episode_metrics
+    from lopd_core.rollout.agent import run_episodes
+    from lopd_core.rollout.engines import make_engine
+    from lopd_core.rollout.engines.base import SamplingParams
+
+    cfg, r = ctx.cfg, ctx.cfg.rollout
+    champion = ctx.champion()
+    policies = _policies(ctx, None if champion.is_base else champion.student)
+    tasks = ctx.suite.tasks("train", r.n_tasks, level=r.level, seed=ctx.seed)
+    engine = make_engine(r.engine, policies.student_module(), policies.tokenizer, batch_size=r.batch_size,
+                         model_path=policies.base_path, dtype=cfg.model.dtype, device=cfg.model.device)
+    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+                              seed=ctx.seed)
+    started = time.perf_counter()
+    with policies.student() as _:
+        trajectories = run_episodes(engine, policies.tokenizer, ctx.suite, tasks, max_turns=r.max_turns,
+                                    max_trajectory_tokens=r.max_trajectory_tokens, sampling=sampling,
+                                    observation_max_chars=r.observation_max_chars,
+                                    policy_version=f"student-v{champion.student}", cycle_id=ctx.cycle_id,
+                                    progress=True)
+    wall = time.perf_counter() - started
+    trajectories = _rekey(trajectories, ctx.cycle_id, "rollouts")
+    write = ctx.store.write_trajectories(trajectories, stage="rollouts", cycle_id=ctx.cycle_id,
+                                         max_bad_fraction=cfg.curation.max_bad_row_fraction)
+    metrics = {k.replace("eval/", "rollout/"): v for k, v in episode_metrics(trajectories).items()}
+    metrics["rollout/generated_tokens_per_s"] = sum(t.n_generated for t in trajectories) / max(wall, 1e-9)
+    ctx.registry.log_metrics(ctx.mlflow_run_id, metrics)
+    return {"n": len(trajectories), "champion_student": champion.student, "champion_composer": champion.composer,
+            "trajectories_version": write.version, "quarantined": write.n_quarantined, **metrics}
+
+
+def stage_curate(ctx: CycleContext) -> dict[str, Any]:
+    """All stored trajectories → the curated table (cumulative bank; the report says what was kept and why)."""
+    from lopd_core.memory.curation import curate_store
+
+    report = curate_store(ctx.store, ctx.cfg)
+    (ctx.dir / "curation.md").write_text(report.to_markdown())
+    ctx.registry.log_artifact_text(ctx.mlflow_run_id, report.to_markdown(), "curation.md")
+    ctx.registry.log_metrics(ctx.mlflow_run_id, {"memory/curated": float(report.n_kept)})
+    return {"curated_version": report.curated_version, "kept": report.n_kept, "input": report.n_input,
+            "dropped": report.dropped, "changes": report.changes}
+
+
+def stage_index(ctx: CycleContext) -> dict[str, Any]:
+    """Embed the curated rows into ``experiences`` (new table version when anything changed)."""
+    from lopd_core.memory.indexing import index_store
+
+    result = index_store(ctx.store, max_bad_fraction=ctx.cfg.curation.max_bad_row_fraction)
+    n = ctx.store.count("experiences")
+    ctx.registry.log_metrics(ctx.mlflow_run_id, {"memory/experiences": float(n),
+                                                 "memory/experiences_version": float(result.experiences_version),
+                                                 "memory/index_experiences_per_s": result.experiences_per_second})
+    return {"experiences_version": result.experiences_version, "experiences": n,
+            "inserted": result.n_inserted, "updated": result.n_updated, "deleted": result.n_deleted,
+            "near_duplicates": len(result.near_duplicates), "vector_index": result.vector_index}
+
+
+def _cold_start_if_needed(ctx: CycleContext, composer_init: Path | None, retriever) -> Path | None:
+    """Cycle 1 (champion composer = base marker): cold-start the composer on the bank's own successes."""
+    from lopd_core.training import cold_start, is_base_marker, needs_composer
+
+    if not needs_composer(ctx.cfg) or not (composer_init is None or is_base_marker(composer_init)):
+        return composer_init
+    out_dir = ctx.dir / "cold_start"
+    if (out_dir / "lopd_composer.json").exists():
+        return out_dir
+    # y* = the curated bank's source trajectories (the curation thresholds decide what counts as success);
+    # the sampled ids are used as they are, so the cold start trains on exactly what the base model produced.
+    from lopd_core.memory.store import sql_in
+
+    curated_ids = ctx.store.read("curated", columns=["trajectory_id"])["trajectory_id"].tolist()
+    successes = ctx.store.read_trajectories(where=sql_in("trajectory_id", curated_ids)) if curated_ids else []
+    if not successes:
+        raise RuntimeError("the composer cold start needs successful training trajectories and the store has none; "
+                           "raise rollout.n_tasks or lower rollout.level so the base model solves some tasks")
+    kind = getattr(ctx.suite, "kind", "tool")
+    threshold = ctx.cfg.curation.success_threshold_code if kind == "code" else ctx.cfg.curation.success_threshold_tool
+    result = cold_start(ctx.cfg, retriever=retriever, out_dir=out_dir, trajectories=successes,
+                        models_dir=ctx.ws.models_dir, success_threshold=threshold,
+                        logger=MlflowMetricLogger(ctx.registry, ctx.mlflow_run_id))
+    ctx.registry.log_metrics(ctx.mlflow_run_id, {"cold_start/nll_first": result.nll_first,
+                                                 "cold_start/nll_last": result.nll_last,
+                                                 "cold_start/examples": float(result.examples)})
+    return out_dir
+
+
+def stage_distill(ctx: CycleContext) -> dict[str, Any]:
+    """N training steps from the champion pair, retrieval pinned at this cycle's experiences version."""
+    from lopd_core.training import train
+
+    index_ref = ctx.record.stages.get("index") or stage_index(ctx)
+    version = int(index_ref["experiences_version"])
+    champion = ctx.champion()
+    student_init = ctx.registry.download("student", champion.student)
+    composer_init = ctx.registry.download("composer", champion.composer)
+    retriever = ctx.store.retriever(version=version)
+    composer_init = _cold_start_if_needed(ctx, composer_init, retriever)
+
+    def store_step(step: int, metrics: dict[str, float], trajectories) -> None:
+        ctx.store.write_trajectories(_rekey(trajectories, ctx.cycle_id, "distill", step), stage="distill",
+                                     cycle_id=ctx.cycle_id, max_bad_fraction=ctx.cfg.curation.max_bad_row_fraction)
+
+    pretraining = ctx.record.stages.get("rollouts", {}).get("n", 0)
+    result = train(ctx.cfg, suite=ctx.suite, retriever=retriever, run_dir=ctx.ws.checkpoints_dir / f"cycle-{ctx.cycle_id}",
+                   student_init=student_init, composer_init=composer_init,
+                   logger=MlflowMetricLogger(ctx.registry, ctx.mlflow_run_id), on_step=store_step,
+                   table_version=version, pretraining_episodes=pretraining, models_dir=ctx.ws.models_dir)
+    composer_dir = result.composer_dir or composer_init
+    history = [{k: v for k, v in m.items() if k.startswith(("distill/", "rollout/success", "budget/episodes"))}
+               for m in result.history]
+    (ctx.dir / "distill_history.json").write_text(json.dumps(history))
+    return {"student_dir": str(result.student_dir), "composer_dir": str(composer_dir) if composer_dir else "",
+            "steps": result.last_step + 1, "resumed": result.resumed, "experiences_version": version,
+            "budget": result.budget,
+            "last": {k: v for k, v in result.metrics.items() if k.startswith(("distill/", "rollout/"))}}
+
+
+def _evaluate_student(ctx: CycleContext, policies, role: str, label: str, *, use_base_weights: bool) -> dict:
+    from data_contracts.convert import evaluation_frame
+    from lopd_core.evaluation import evaluate
+
+    scope = policies.teacher if use_base_weights else policies.student
+    result = evaluate(scope, policies.tokenizer, cfg=ctx.cfg, suite_name=ctx.cfg.rollout.suite, policy_version=label,
+                      base=policies.teacher, reference_cache=ctx.ws.runs_dir / "probe_references" /
+                      f"{Path(str(policies.base_path)).name}.json", cycle_id=ctx.cycle_id)
+    eval_run_id = f"{ctx.cycle_id}/{role}"
+    frames = [evaluation_frame(result.trajectories, eval_run_id=eval_run_id, role=role, cycle_id=ctx.cycle_id)]
+    if result.probe_trajectories:
+        frames.append(evaluation_frame(result.probe_trajectories, eval_run_id=eval_run_id, role=role,
+                                       probe="other_suite", cycle_id=ctx.cycle_id))
+    import pandas as pd
+
+    ctx.store.write_evaluations(pd.concat(frames, ignore_index=True), cycle_id=ctx.cycle_id)
+    return result.metrics
+
+
+def stage_evaluate(ctx: CycleContext) -> dict[str, Any]:
+    """Challenger (this cycle's student) vs champion on the held-out set, with the probe and drift metrics."""
+    from lopd_core.training import load_student_init
+
+    distill = ctx.record.stages["distill"]
+    champion = ctx.champion()
+    policies = _policies(ctx, None)
+    load_student_init(policies, Path(distill["student_dir"]))
+    challenger = _evaluate_student(ctx, policies, "challenger", f"{ctx.cycle_id}/challenger", use_base_weights=False)
+    if champion.is_base:
+        champion_metrics = _evaluate_student(ctx, policies, "champion", f"student-v{champion.student}",
+                                             use_base_weights=True)
+    else:
+        load_student_init(policies, ctx.registry.download("student", champion.student))
+        champion_metrics = _evaluate_student(ctx, policies, "champion", f"student-v{champion.student}",
+                                             use_base_weights=False)
+    ctx.registry.log_metrics(ctx.mlflow_run_id, challenger)
+    ctx.registry.log_metrics(ctx.mlflow_run_id, {k.replace("eval/", "eval_champion/"): v
+                                                 for k, v in champion_metrics.items()})
+    return {"challenger": challenger, "champion": champion_metrics, "champion_student": champion.student,
+            "champion_composer": champion.composer}
+
+
+def stage_promote(ctx: CycleContext) -> dict[str, Any]:
+    """Register the pair (@challenger), run the gate, move @champion when it passes; write the report."""
+    from data_contracts import SCHEMA_VERSION
+    from lopd_core.registry import decide_promotion
+
+    distill, evaluation = ctx.record.stages["distill"], ctx.record.stages["evaluate"]
+    champion_before = ctx.champion()
+    composer_dir = Path(distill["composer_dir"]) if distill["composer_dir"] else \
+        ctx.registry.download("composer", champion_before.composer)
+    pair = ctx.registry.register_pair(
+        Path(distill["student_dir"]), composer_dir, run_id=ctx.mlflow_run_id, cycle_id=ctx.cycle_id,
+        tags={"experience_table_version": distill["experiences_version"], "data_contract_version": SCHEMA_VERSION,
+              "config_hash": ctx.cfg.hash(), "eval_run_id": ctx.mlflow_run_id, "flow_run_id": ctx.flow_run_id,
+              "base_model": ctx.cfg.model.base, "method": ctx.cfg.distill.method,
+              "eval_summary": json.dumps({k: round(v, 4) for k, v in evaluation["challenger"].items()})})
+    ctx.registry.set_challenger(pair)
+    decision = decide_promotion(evaluation["challenger"], evaluation["champion"], ctx.cfg.registry)
+    if decision.promote:
+        ctx.registry.promote(pair, decision=decision, flow_run_id=ctx.flow_run_id)
+    champion_after = ctx.registry.champion()
+    ctx.registry.log_metrics(ctx.mlflow_run_id, {"gate/promoted": float(decision.promote),
+                                                 **{f"gate/{k}": float(v) for k, v in decision.checks.items()}})
+    result = {"student_version": pair.student, "composer_version": pair.composer, "promoted": decision.promote,
+              "decision": decision.summary(), "champion_before": champion_before.student,
+              "champion_after": champion_after.student, "mlflow_run_id": ctx.mlflow_run_id}
+    report = cycle_report(ctx, result)
+    (ctx.dir / "report.md").write_text(report)
+    ctx.registry.log_artifact_text(ctx.mlflow_run_id, report, "report.md")
+    curve = learning_curve(ctx)
+    if curve is not None:
+        ctx.registry.log_artifact_file(ctx.mlflow_run_id, curve)
+    ctx.registry.end_run(ctx.mlflow_run_id)
+    return result
+
+
+STAGE_FUNCTIONS = {"rollouts": stage_rollouts, "curate": stage_curate, "index": stage_index,
+                   "distill": stage_distill, "evaluate": stage_evaluate, "promote": stage_promote}
+
+
+def run_stage(cfg, cycle_id: str, stage: str, *, flow_run_id: str = "") -> dict[str, Any]:
+    """Run one stage of a cycle (what every flow task calls)."""
+    ctx = CycleContext(cfg, cycle_id, flow_run_id=flow_run_id)
+    return ctx.run_stage(stage, STAGE_FUNCTIONS[stage])
+
+
+# --------------------------------------------------------------------------------------------------
+# Reporting
+def cycle_summary(cfg, cycle_id: str) -> dict[str, Any]:
+    """The cycle's recorded results in one small dict (the `lopd cycle --json` payload)."""
+    ctx = CycleContext(cfg, cycle_id)
+    st = ctx.record.stages
+    ev = st.get("evaluate", {})
+    return {
+        "cycle_id": cycle_id, "state": ctx.record.state.value, "profile": cfg.name, "suite": cfg.rollout.suite,
+        "method": cfg.distill.method,
+        "success_before": ev.get("champion", {}).get("eval/success_rate"),
+        "success_after": ev.get("challenger", {}).get("eval/success_rate"),
+        "seed_rollout_success": st.get("rollouts", {}).get("rollout/success_rate"),
+        "experiences": st.get("index", {}).get("experiences"),
+        "experiences_version": st.get("index", {}).get("experiences_version"),
+        "distill_steps": st.get("distill", {}).get("steps"),
+        "student_version": st.get("promote", {}).get("student_version"),
+        "composer_version": st.get("promote", {}).get("composer_version"),
+        "promoted": st.get("promote", {}).get("promoted"),
+        "decision": st.get("promote", {}).get("decision"),
+        "champion": st.get("promote", {}).get("champion_after"),
+        "timings_s": ctx.record.timings,
+        "report": str(ctx.dir / "report.md"),
+        "mlflow_tracking_uri": ctx.ws.mlflow_tracking_uri,
+        "prefect_home": str(ctx.ws.prefect_home),
+    }
+
+
+def cycle_report(ctx: CycleContext, promote: dict[str, Any]) -> str:
+    st = ctx.record.stages
+    ev = st["evaluate"]
+    rows = sorted(set(ev["challenger"]) | set(ev["champion"]))
+    lines = [f"# lopd cycle `{ctx.cycle_id}`", "",
+             f"profile `{ctx.cfg.name}` · suite `{ctx.cfg.rollout.suite}` · method `{ctx.cfg.distill.method}` · "
+             f"base `{ctx.cfg.model.base}`", "",
+             f"**Decision:** {promote['decision']}", "",
+             f"Pair registered: student v{promote['student_version']} / composer v{promote['composer_version']} "
+             f"(@challenger); @champion is student v{promote['champion_after']}.", "",
+             "| metric | champion | challenger |", "|---|---|---|"]
+    for k in rows:
+        a, b = ev["champion"].get(k), ev["challenger"].get(k)
+        lines.append(f"| {k} | {'' if a is None else f'{a:.4g}'} | {'' if b is None else f'{b:.4g}'} |")
+    ro, ix, di = st.get("rollouts", {}), st.get("index", {}), st.get("distill", {})
+    lines += ["", "## Stages", "",
+              f"- rollouts: {ro.get('n')} episodes with student v{ro.get('champion_student')}, success "
+              f"{ro.get('rollout/success_rate', 0):.3f}, {ro.get('quarantined', 0)} quarantined",
+              f"- curated: {st.get('curate', {}).get('kept')} kept",
+              f"- experiences: {ix.get('experiences')} rows at table version {ix.get('experiences_version')}",
+              f"- distill: {di.get('steps')} steps (resumed: {di.get('resumed')}), last metrics "
+              + ", ".join(f"{k}={v:.4g}" for k, v in sorted(di.get("last", {}).items())
+                          if k in ("distill/kl_topk", "distill/privilege_delta", "distill/beta", "rollout/success_rate")),
+              "", "## Compute seconds per stage", "",
+              *(f"- {k}: {v:.1f}" for k, v in ctx.record.timings.items())]
+    return "\n".join(lines) + "\n"
+
+
+def learning_curve(ctx: CycleContext) -> Path | None:
+    """PNG of the distillation metrics per step (and success per cycle so far)."""
+    history_file = ctx.dir / "distill_history.json"
+    if not history_file.exists():
+        return None
+    history = json.loads(history_file.read_text())
+    if not history:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in ("rollout/success_rate", "distill/kl_topk", "distill/privilege_delta", "distill/beta")
+            if any(k in h for h in history)]
+    fig, axes = plt.subplots(1, max(len(keys), 1), figsize=(3.2 * max(len(keys), 1), 2.8), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=False):
+        ax.plot([h.get(key, float("nan")) for h in history], marker="o")
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("step")
+    fig.suptitle(f"cycle {ctx.cycle_id}", fontsize=10)
+    fig.tight_layout()
+    path = ctx.dir / "learning_curve.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
