@@ -221,7 +221,7 @@ def machine() -> dict:
 
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch_threads": torch.get_num_threads(),
-            "lancedb": lancedb.__version__}
+            "lancedb": lancedb.__version__, "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "memory_retrieval",
         "command": "python -m benchmarks.memory_retrieval " + " ".join(argv if argv is not None else sys.argv[1:]),
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
+        "machine": machine(),  # the load average says how busy the shared machine was at the end
         "goal": "filtered retrieval p99 <= 20 ms at 10k and 100k experiences",
         "retrieval": retrieval,
         "query_embed_ms": {"embedder": query_embedder.name, "load_seconds": round(load_s, 2), **_percentiles(samples)},

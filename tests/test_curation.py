@@ -118,11 +118,15 @@ def test_report_counts_and_markdown():
 # --------------------------------------------------------------------------------------------------
 @pytest.fixture
 def stored(tmp_path, smoke_config):
-    store = ExperienceStore.from_config(smoke_config.with_overrides({"workspace.lance_uri": str(tmp_path / "lance")}))
+    # the paper's thresholds, whatever the smoke profile uses for its random model
+    cfg = smoke_config.with_overrides({"workspace.lance_uri": str(tmp_path / "lance"),
+                                       "curation.success_threshold_tool": 0.8,
+                                       "curation.success_threshold_code": 1.0})
+    store = ExperienceStore.from_config(cfg)
     c1 = [_distinct(i, cycle_id="c1", step=-1, task_id=f"t{i}") for i in range(6)]
     c1 += [_distinct(50, cycle_id="c1", reward=0.2), _distinct(51, cycle_id="c1", status="error")]
     store.write_trajectories(c1, cycle_id="c1")
-    return store, smoke_config, c1
+    return store, cfg, c1
 
 
 def test_curate_and_index_are_idempotent_and_write_no_new_versions(stored):

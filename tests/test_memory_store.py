@@ -92,6 +92,7 @@ def test_retriever_pinned_at_a_version_does_not_see_later_rows(store):
         assert retriever.version == pinned_version
         assert {h.experience_id for h in retriever.retrieve(query, 50)} == {f"x{i}" for i in range(5)}
     assert len(store.retriever().retrieve(query, 50)) == 12
+    assert len(store.read_experiences(version=pinned_version)) == 5 and len(store.read_experiences()) == 12
     with pytest.raises(ValueError, match="no version 999"):
         store.retriever(version=999)
 

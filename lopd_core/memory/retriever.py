@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from lopd_core.memory.store import ExperienceStore
 
 VECTOR_INDEX = "vector_idx"
-_RESULT_COLUMNS = ["experience_id", "episode_id", "task_id", "suite", "family", "instruction", "text", "messages",
+RESULT_COLUMNS = ["experience_id", "episode_id", "task_id", "suite", "family", "instruction", "text", "messages",
                    "reward", "step", "split", "_distance"]
 _KEEP_VERSIONS = timedelta(days=365 * 100)
 """``optimize`` would delete versions older than 7 days by default; pinned versions must stay readable."""
@@ -100,7 +100,7 @@ class LanceRetriever:
         if self.table is None or k <= 0:
             return []
         query = (self.table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
-                 .distance_type("cosine").select(_RESULT_COLUMNS).limit(k))
+                 .distance_type("cosine").select(RESULT_COLUMNS).limit(k))
         if where:
             query = query.where(where, prefilter=True)
         if self.vector_index_type:

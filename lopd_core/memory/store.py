@@ -319,6 +319,14 @@ class ExperienceStore:
 
         return frame_to_trajectories(self.read("trajectories", where=where, version=version))
 
+    def read_experiences(self, *, where: str | None = None, version: int | None = None) -> list:
+        """The ``experiences`` rows as :class:`~lopd_core.memory.base.Experience` records (no vectors)."""
+        from data_contracts.convert import frame_to_experiences
+        from lopd_core.memory.retriever import RESULT_COLUMNS
+
+        columns = [c for c in RESULT_COLUMNS if c != "_distance"]
+        return frame_to_experiences(self.read("experiences", where=where, columns=columns, version=version))
+
     def write_evaluations(self, frame: pd.DataFrame, *, stage: str = "evaluate", cycle_id: str = "",
                           max_bad_fraction: float | None = None) -> WriteResult:
         return self.write_validated("evaluations", frame, stage=stage, cycle_id=cycle_id,
