@@ -57,6 +57,7 @@ test-vllm: $(VLLM_VENV)/.stamp
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: setup
+	$(BIN)/pip install -q -r requirements/bench.txt
 	$(BIN)/python -m benchmarks.run_all
 
 lint: setup

@@ -179,6 +179,8 @@ class LOPDConfig(_Section):
     """Run the teacher phase once with the composer graph and reuse it in the composer phase (same numbers, fewer forwards, more memory)."""
     encoder_micro_batch: int = Field(0, ge=0)
     """Encode at most this many experiences per encoder forward (0 = all J·B at once)."""
+    teacher_prefix_cache: bool = True
+    """Run the teacher prompt before the latent span once per step without grad (it does not depend on φ) and reuse its keys/values."""
     cold_start: ColdStartConfig = ColdStartConfig()
     """Cold start of the composer."""
 

@@ -344,12 +344,13 @@ def train(cfg, *, suite, retriever: Retriever | None, run_dir: Path, student_ini
 def cold_start(cfg, *, retriever: Retriever, out_dir: Path, trajectories: list[Trajectory] | None = None,
                experiences: list[Experience] | None = None, composer_init: Path | None = None,
                policies: PolicySet | None = None, logger: MetricLogger | None = None, progress: bool = True,
-               models_dir: Path | None = None) -> ColdStartResult:
+               models_dir: Path | None = None, success_threshold: float | None = None) -> ColdStartResult:
     """Cold-start the composer on successful base-model trajectories and write it (with φ0) to ``out_dir``.
 
     ``trajectories`` (preferred: the sampled ids) or ``experiences`` (re-rendered with the chat template)
     are the y*; each y*'s experiences come from ``retriever`` with y* itself excluded. A ``composer_init``
     that already has φ0 continues training φ and keeps its φ0 (φ0 is fixed at the first cold start).
+    ``success_threshold`` (default: the environment's success flag) selects the usable y* by reward.
     """
     from tqdm.auto import tqdm
 
@@ -369,7 +370,8 @@ def cold_start(cfg, *, retriever: Retriever, out_dir: Path, trajectories: list[T
             raise ValueError("cold_start needs trajectories or experiences (the base model's successful episodes)")
         trajectories = [trajectory_from_experience(policies.tokenizer, e) for e in experiences]
     examples, skipped = cold_start_examples(trajectories, retriever, n_retrieved=lopd.n_retrieved,
-                                            exclude_same_task=lopd.exclude_same_task)
+                                            exclude_same_task=lopd.exclude_same_task,
+                                            success_threshold=success_threshold)
     history: list[dict[str, float]] = []
     if cold.steps > 0:
         trainer = ColdStart(cfg.distill, policies, composer)

@@ -236,3 +236,26 @@ def test_anchor_is_zero_at_phi0_and_grows_as_phi_moves(tiny_tokenizer, models_di
     assert first["distill/anchor"] == pytest.approx(0.0, abs=1e-12)
     assert second["distill/anchor"] > 0
     assert losses.latent_anchor(torch.ones(2), torch.ones(2)).item() == 0
+
+
+def test_teacher_prefix_cache_gives_the_same_logprobs_and_gradients(tiny_tokenizer, models_dir):
+    from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prefix
+
+    cfg = smoke()
+    policies, composer = build(cfg, models_dir, sharpen=10.0)
+    rows, tasks, retrieved = toy_rollouts(tiny_tokenizer)
+    tok, k = policies.tokenizer, cfg.distill.lopd.n_latents
+    prompts = [latent_prompt(tok, r.messages[:2], r.tools, n_latents=k, placeholder_id=tok.pad_token_id) for r in rows]
+    batch = teacher_batch(rows, prompts, pad_id=tok.pad_token_id, device="cpu")
+    pairs = [ComposerPair(t.task_id, t.instruction, e[0]) for t, e in zip(tasks, retrieved, strict=True)]
+    prefix = teacher_prefix(policies, batch)
+    assert prefix is not None and prefix.length == min(p.span_start for p in prompts) > 8
+    results = []
+    for use in (None, prefix, prefix):  # the prefix is reusable: the forward must not append to it
+        lp, _ = latent_teacher_logprobs(policies, composer, batch, pairs, [[0], [1]], max_tokens=64, prefix=use)
+        (grad,) = torch.autograd.grad(lp.gather(-1, batch.target_ids[batch.mask.bool()][:, None]).sum(),
+                                      composer.compressor.proj_out.weight)
+        results.append((lp.detach(), grad))
+    for lp, grad in results[1:]:
+        torch.testing.assert_close(lp, results[0][0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grad, results[0][1], atol=1e-5, rtol=1e-4)

@@ -26,7 +26,7 @@ import torch
 from lopd_core import losses
 from lopd_core.algorithms.base import Timer, gather_tokens
 from lopd_core.algorithms.batch import teacher_batch, to_padded
-from lopd_core.algorithms.lopd import latent_teacher_logprobs
+from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prefix
 from lopd_core.memory.base import Experience, RetrievalQuery, Retriever
 from lopd_core.models.composer import ComposerPair, ComposerState
 from lopd_core.models.latent import latent_prompt
@@ -47,11 +47,17 @@ def is_same_episode(experience: Experience, trajectory: Trajectory) -> bool:
 
 
 def cold_start_examples(trajectories: list[Trajectory], retriever: Retriever, *, n_retrieved: int,
-                        exclude_same_task: bool) -> tuple[list[ColdStartExample], dict[str, int]]:
-    """Retrieve J experiences for every successful y* (y* itself excluded); also counts what was skipped."""
+                        exclude_same_task: bool, success_threshold: float | None = None,
+                        ) -> tuple[list[ColdStartExample], dict[str, int]]:
+    """Retrieve J experiences for every successful y* (y* itself excluded); also counts what was skipped.
+
+    Success is the environment's flag, or ``reward >= success_threshold`` when a threshold is given (the
+    curation thresholds, so that the cold start and the experience bank agree on what a success is).
+    """
     examples, skipped = [], {"not_successful": 0, "no_experience": 0}
     for traj in trajectories:
-        if not traj.success or traj.status == "error" or traj.n_generated == 0:
+        successful = traj.success if success_threshold is None else traj.reward >= success_threshold
+        if not successful or traj.status == "error" or traj.n_generated == 0:
             skipped["not_successful"] += 1
             continue
         query = RetrievalQuery(instruction=traj.instruction, task_id=traj.task_id, episode_id=traj.episode_id,
@@ -95,9 +101,10 @@ class ColdStart:
 
         with timer("forward"):
             policies.train_mode(True)
+            prefix = teacher_prefix(policies, batch) if self.lopd.teacher_prefix_cache else None
             teacher_lp, latents = latent_teacher_logprobs(policies, self.composer, batch, pairs, pair_rows,
                                                           max_tokens=self.lopd.experience_max_tokens,
-                                                          micro_batch=self.lopd.encoder_micro_batch)
+                                                          micro_batch=self.lopd.encoder_micro_batch, prefix=prefix)
             token_lp = to_padded(gather_tokens(teacher_lp, targets), batch.mask)
             nll = -losses.global_token_mean(token_lp, batch.mask)
         with timer("backward"):

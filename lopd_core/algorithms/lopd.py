@@ -27,6 +27,7 @@ Deviations and options (all in ``distill.lopd``):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,7 +56,7 @@ from lopd_core.models.composer import (
     experience_trajectory_text,
 )
 from lopd_core.models.latent import TEXT_SEPARATOR, inject_latents, latent_prompt, text_context_prompt
-from lopd_core.models.policy import ENCODER, PolicySet, hidden_states, logprobs_at
+from lopd_core.models.policy import ENCODER, PolicySet, causal_lm_parts, hidden_states, logprobs_at
 from lopd_core.rollout.chat import encode
 from lopd_core.rollout.trajectory import Trajectory
 
@@ -69,23 +70,61 @@ def truncated_experience_text(tokenizer, experience: Experience, *, max_tokens: 
     return tokenizer.decode(ids[:max_tokens])
 
 
+@dataclass
+class TeacherPrefix:
+    """Keys/values of the teacher prompt before the earliest latent span of the batch (no grad).
+
+    Nothing before the span depends on φ (attention is causal), so this part is computed once per batch
+    and reused by every teacher forward of the step: the composer-phase forward and its backward then run
+    only from the span on. In agent prompts the system message with the tool schemas is most of the prompt.
+    """
+
+    length: int
+    key_values: list[tuple[Tensor, Tensor]]
+
+
+def teacher_prefix(policies: PolicySet, batch: SequenceBatch, *, min_length: int = 8) -> TeacherPrefix | None:
+    """The batch's common prefix cache, or None (no span, a very short prefix, or gradient checkpointing on)."""
+    if policies.gradient_checkpointing or not batch.span_lengths or min(batch.span_lengths) == 0:
+        return None
+    length = min(batch.span_starts)
+    if length < min_length:
+        return None
+    with torch.no_grad(), policies.teacher() as teacher:
+        decoder, _ = causal_lm_parts(teacher)
+        out = decoder(input_ids=batch.input_ids[:, :length], attention_mask=batch.attention_mask[:, :length],
+                      use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    return TeacherPrefix(length, [(layer.keys, layer.values) for layer in cache.layers])
+
+
 def latent_teacher_logprobs(policies: PolicySet, composer: ComposerState, batch: SequenceBatch,
                             pairs: list[ComposerPair], pair_rows: list[list[int]], *, max_tokens: int,
-                            micro_batch: int = 0) -> tuple[Tensor, Tensor]:
+                            micro_batch: int = 0, prefix: TeacherPrefix | None = None) -> tuple[Tensor, Tensor]:
     """Teacher log-probs ``[N, V]`` with the composer's latents injected, and the latents ``[P, K, d]``.
 
     ``pair_rows[b]`` lists the indices (into ``pairs``) of row b's experiences, in retrieval order; their K
-    latents each are concatenated into the row's J·K span.
+    latents each are concatenated into the row's J·K span. With ``prefix`` only the positions from the
+    prefix on are run (the same numbers, see :class:`TeacherPrefix`).
     """
+    from transformers import DynamicCache
+
     latents = compose(policies, composer.compressor, pairs, adapter=ENCODER, max_tokens=max_tokens,
                       micro_batch=micro_batch)
     d = latents.shape[-1]
     per_row = [latents[idx].reshape(-1, d) for idx in pair_rows]
+    offset = prefix.length if prefix is not None else 0
     with policies.teacher() as teacher:
-        embeds = teacher.get_input_embeddings()(batch.input_ids)
-        embeds = inject_latents(embeds, per_row, batch.span_starts)
-        hidden = hidden_states(teacher, inputs_embeds=embeds, attention_mask=batch.attention_mask)
-        return logprobs_at(teacher, hidden, batch.predict_index, batch.mask), latents
+        embeds = teacher.get_input_embeddings()(batch.input_ids[:, offset:])
+        embeds = inject_latents(embeds, per_row, [start - offset for start in batch.span_starts])
+        if prefix is None:
+            hidden = hidden_states(teacher, inputs_embeds=embeds, attention_mask=batch.attention_mask)
+        else:
+            decoder, _ = causal_lm_parts(teacher)
+            cache = DynamicCache(ddp_cache_data=prefix.key_values)  # a fresh cache: the forward appends to it
+            hidden = decoder(inputs_embeds=embeds, attention_mask=batch.attention_mask, past_key_values=cache,
+                             use_cache=True).last_hidden_state
+        return logprobs_at(teacher, hidden, batch.predict_index - offset, batch.mask), latents
 
 
 def composer_parameters(policies: PolicySet, composer: ComposerState) -> list[torch.nn.Parameter]:
@@ -131,12 +170,12 @@ class LOPD:
                 prompts.append(text_context_prompt(tok, initial, traj.tools, text))
         return prompts, pairs, pair_rows
 
-    def _teacher(self, batch, pairs, pair_rows) -> tuple[Tensor, Tensor | None]:
+    def _teacher(self, batch, pairs, pair_rows, prefix=None) -> tuple[Tensor, Tensor | None]:
         if not self.uses_latents:
             return model_logprobs(self.policies, None, batch), None
         return latent_teacher_logprobs(self.policies, self.composer, batch, pairs, pair_rows,
                                        max_tokens=self.lopd.experience_max_tokens,
-                                       micro_batch=self.lopd.encoder_micro_batch)
+                                       micro_batch=self.lopd.encoder_micro_batch, prefix=prefix)
 
     def step(self, inputs: StepInputs) -> dict[str, Any]:
         cfg, lopd, policies = self.cfg, self.lopd, self.policies
@@ -161,9 +200,13 @@ class LOPD:
         # --- teacher phase: top-M ids and log-probs at every supervised position (no grad) -------------
         with timer("teacher"):
             policies.train_mode(fused)
+            prefix = teacher_prefix(policies, t_batch) if self.uses_latents and lopd.teacher_prefix_cache else None
             with torch.set_grad_enabled(fused):
-                teacher_lp, latents = self._teacher(t_batch, pairs, pair_rows)
+                teacher_lp, latents = self._teacher(t_batch, pairs, pair_rows, prefix)
             teacher_topm_logprobs, teacher_topm_ids = teacher_lp.detach().topk(cfg.top_m, dim=-1)
+            teacher_token_lp = gather_tokens(teacher_lp.detach(), targets_flat)
+            if not fused:  # only the top-M survives the teacher phase; the [N, V] log-probs are freed here
+                teacher_lp = latents = None
 
         # --- student phase: top-M + tail reverse KL, global token mean, one optimizer step -------------
         with timer("student"):
@@ -180,9 +223,9 @@ class LOPD:
 
         # --- composer phase: KL on the same ids + β(m − Δ) + λ·anchor, one optimizer step on φ ------------
         with timer("composer"):
-            composer_metrics = self._composer_phase(t_batch, pairs, pair_rows, fused, teacher_lp, latents,
-                                                    teacher_topm_ids, student_topm_old, student_token_old,
-                                                    targets_flat, rewards, mask)
+            composer_metrics = self._composer_phase(t_batch, pairs, pair_rows, prefix, fused, teacher_lp, latents,
+                                                    teacher_topm_ids, teacher_token_lp, student_topm_old,
+                                                    student_token_old, targets_flat, rewards, mask)
         policies.train_mode(False)
 
         # --- dual step on β (Δ̂ from the composer-phase forward, before the φ step) --------------------
@@ -208,17 +251,18 @@ class LOPD:
             "distill/tokens_per_s": s_batch.n_tokens / max(seconds, 1e-9),
         }
 
-    def _composer_phase(self, t_batch, pairs, pair_rows, fused, teacher_lp, latents, teacher_topm_ids,
-                        student_topm_old, student_token_old, targets_flat, rewards, mask) -> dict[str, float]:
+    def _composer_phase(self, t_batch, pairs, pair_rows, prefix, fused, teacher_lp, latents, teacher_topm_ids,
+                        teacher_token_lp, student_topm_old, student_token_old, targets_flat, rewards,
+                        mask) -> dict[str, float]:
         lopd = self.lopd
         if not self.composer_trainable:  # frozen composer / text context: measure Δ, train nothing
-            delta = to_padded(losses.privilege_delta(gather_tokens(teacher_lp.detach(), targets_flat), student_token_old), mask)
+            delta = to_padded(losses.privilege_delta(teacher_token_lp, student_token_old), mask)
             return {"distill/privilege_delta": float(losses.token_weighted_margin(delta, rewards, mask)),
                     "distill/margin_delta": float(losses.outcome_signed_margin(delta, rewards, mask)),
                     "distill/composer_updated": 0.0}
         if not fused:
             self.policies.train_mode(True)
-            teacher_lp, latents = self._teacher(t_batch, pairs, pair_rows)
+            teacher_lp, latents = self._teacher(t_batch, pairs, pair_rows, prefix)
         teacher_topm = teacher_lp.gather(-1, teacher_topm_ids)
         kl_tokens = losses.topm_tail_reverse_kl(student_topm_old, teacher_topm, grad_to="teacher")
         kl_padded = to_padded(kl_tokens, mask)

@@ -1,0 +1,96 @@
+"""Shared setup of the distillation benchmarks: the model, a demo-sized batch, timing and result files.
+
+The batch is constructed (:mod:`lopd_core.algorithms.synthetic`): B trajectories rendered with the real
+chat template (two assistant turns around a tool response, alternating rewards 1/0), each with J retrieved
+experiences of ``experience_max_tokens`` tokens. Sizes default to the demo profile (B = 8, J = 2, K = 16,
+depth 4, ≤ 256-token experiences, ≈ 1,024-token trajectories, top-M = 20, LoRA student).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def add_size_arguments(parser, *, quick_help: str) -> None:
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="model name or path (default: the demo model)")
+    parser.add_argument("--batch", type=int, default=None, help="B trajectories (default 8; --quick 2)")
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="prompt tokens per trajectory (default 600)")
+    parser.add_argument("--reply-tokens", type=int, default=None, help="assistant tokens per trajectory (default 400)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (median; default 3, --quick 2)")
+
+
+def sizes(args) -> dict:
+    quick = args.quick
+    return {"batch": args.batch or (2 if quick else 8),
+            "prompt_tokens": args.prompt_tokens or (200 if quick else 600),
+            "reply_tokens": args.reply_tokens or (96 if quick else 400),
+            "repeats": args.repeats or (2 if quick else 3),
+            "experience_tokens": 128 if quick else 256}
+
+
+def config_for(model: str, size: dict, **overrides):
+    """The demo profile at the benchmark's sizes, on ``model``, CPU, LOPD; ``overrides`` are dotted fields."""
+    from lopd_core.config import load_config
+
+    return load_config("demo").with_overrides({
+        "model.base": model, "model.device": os.environ.get("LOPD_BENCH_DEVICE", "auto"),
+        "distill.tasks_per_step": size["batch"], "distill.lopd.experience_max_tokens": size["experience_tokens"],
+        **overrides})
+
+
+def models_dir() -> Path:
+    from lopd_core.workspace import Workspace
+
+    return Workspace.default().ensure().models_dir
+
+
+def make_batch(tokenizer, size: dict, *, n_retrieved: int):
+    """(trajectories, tasks, retrieved) for one step; rewards alternate 1/0 so the margin has both signs."""
+    from lopd_core.algorithms.synthetic import experience_of, sized_trajectory, task_of
+
+    rows = [sized_trajectory(tokenizer, index=i, prompt_tokens=size["prompt_tokens"], reply_tokens=size["reply_tokens"],
+                             reward=float(i % 2 == 0)) for i in range(size["batch"])]
+    bank = [experience_of(sized_trajectory(tokenizer, index=10_000 + i, prompt_tokens=size["experience_tokens"] // 2,
+                                           reply_tokens=size["experience_tokens"])) for i in range(2 * n_retrieved)]
+    tasks = [task_of(r, oracle="The answer follows from the tool response.") for r in rows]
+    retrieved = [[bank[(i + j) % len(bank)] for j in range(n_retrieved)] for i in range(len(rows))]
+    return rows, tasks, retrieved
+
+
+def timed(fn, *, repeats: int, warmup: int = 1) -> dict:
+    """Run ``fn`` warmup + repeats times; the median of the timed runs (seconds) and each result."""
+    for _ in range(warmup):
+        fn()
+    seconds, outputs = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outputs.append(fn())
+        seconds.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(seconds), "seconds": seconds, "outputs": outputs}
+
+
+def machine() -> dict:
+    import torch
+
+    return {"platform": platform.platform(), "python": sys.version.split()[0], "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def write_result(name: str, payload: dict) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    payload = {"benchmark": name, "command": "python -m benchmarks." + name + " " + " ".join(sys.argv[1:]),
+               "created": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(), **payload}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path

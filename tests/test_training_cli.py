@@ -1,0 +1,38 @@
+"""`lopd distill` through the real entry point (a subprocess), on the smoke profile's tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def lopd(*args, home, models_dir):
+    env = {**os.environ, "LOPD_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "lopd_core.cli", *args, "--set", f"workspace.models_dir={models_dir}"],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_distill_grpo_one_step_json(tmp_path, models_dir):
+    res = lopd("distill", "--profile", "smoke", "--method", "grpo", "--steps", "1", "--json",
+               home=tmp_path, models_dir=models_dir)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["method"] == "grpo" and summary["last_step"] == 0
+    assert summary["retriever"].startswith("in-memory")  # no LanceDB experiences in a fresh workspace
+    assert summary["budget"]["episodes"] == 2 and summary["budget"]["pretraining_episodes"] == 4
+    assert (tmp_path / "checkpoints" / "grpo-smoke" / "step_000000" / "manifest.json").exists()
+    rows = [json.loads(line) for line in open(summary["metrics_path"])]
+    assert rows[0]["step"] == 0 and "rollout/success_rate" in rows[0] and "distill/student_grad_norm" in rows[0]
+    # a second call resumes: nothing left to do, the same final artifacts
+    again = lopd("distill", "--profile", "smoke", "--method", "grpo", "--steps", "1", "--json",
+                 home=tmp_path, models_dir=models_dir)
+    assert again.returncode == 0 and json.loads(again.stdout.strip().splitlines()[-1])["resumed"] is True
+
+
+def test_cold_start_without_successes_fails_with_the_fix(tmp_path, models_dir):
+    res = lopd("distill", "--profile", "smoke", "--cold-start", "--steps", "1", home=tmp_path, models_dir=models_dir)
+    assert res.returncode == 1
+    message = " ".join(res.stderr.split())  # the console wraps long lines
+    assert "cold start" in message and "seed more rollouts into the experience bank" in message
