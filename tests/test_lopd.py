@@ -259,3 +259,41 @@ def test_teacher_prefix_cache_gives_the_same_logprobs_and_gradients(tiny_tokeniz
     for lp, grad in results[1:]:
         torch.testing.assert_close(lp, results[0][0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(grad, results[0][1], atol=1e-5, rtol=1e-4)
+
+
+def test_gradient_checkpointing_gives_the_same_step(tiny_tokenizer, models_dir):
+    rows, tasks, retrieved = toy_rollouts(tiny_tokenizer)
+    runs = []
+    for checkpointing in (False, True):
+        cfg = smoke(**{"model.gradient_checkpointing": checkpointing, "distill.lopd.lr_composer": 1e-3})
+        policies, composer = build(cfg, models_dir)
+        assert policies.gradient_checkpointing == checkpointing
+        algo = LOPD(cfg.distill, policies, composer)
+        runs.append([algo.step(StepInputs(step=s, trajectories=rows, tasks=tasks, retrieved=retrieved)) for s in range(2)])
+    for a, b in zip(*runs, strict=True):
+        for key in ("distill/kl_topk", "distill/composer_kl", "distill/privilege_delta", "distill/beta"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+
+
+def test_full_fine_tune_student_keeps_a_frozen_teacher(tiny_tokenizer, models_dir, tmp_path):
+    cfg = smoke(**{"model.student": "full", "distill.lr_student": 1e-3})
+    policies, composer = build(cfg, models_dir)
+    assert policies.full_student is not None and STUDENT not in policies.adapter_names()
+    teacher = {n: p.detach().clone() for n, p in policies.base.named_parameters() if "lora_" not in n}
+    student0 = {n: p.detach().clone() for n, p in policies.full_student.named_parameters()}
+    rows, tasks, retrieved = toy_rollouts(tiny_tokenizer)
+    algo = LOPD(cfg.distill, policies, composer)
+    for step in range(2):
+        m = algo.step(StepInputs(step=step, trajectories=rows, tasks=tasks, retrieved=retrieved))
+        assert math.isfinite(m["distill/kl_topk"]) and m["distill/student_grad_norm"] > 0
+    assert any(not torch.equal(p, student0[n]) for n, p in policies.full_student.named_parameters())
+    assert all(torch.equal(p, teacher[n]) for n, p in policies.base.named_parameters() if "lora_" not in n)
+    policies.save_student(tmp_path / "student")
+    other, _ = build(cfg, models_dir, phi0=False)
+    other.load_student(tmp_path / "student")
+    for (n, a), (_, b) in zip(policies.full_student.named_parameters(), other.full_student.named_parameters(), strict=True):
+        assert torch.equal(a, b), n
+    lora_cfg = smoke()
+    lora_policies, _ = build(lora_cfg, models_dir, phi0=False)
+    with pytest.raises(ValueError, match="model.student"):
+        lora_policies.load_student(tmp_path / "student")

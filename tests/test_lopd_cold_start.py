@@ -70,3 +70,18 @@ def test_cold_start_batches_cycle_deterministically():
     assert sorted(seen[:5]) == examples  # one full pass before any repeat
     with pytest.raises(ValueError, match="no usable example"):
         next(batches([], batch_size=2, steps=1, seed=0))
+
+
+def test_cold_start_step_is_the_same_with_gradient_checkpointing(tiny_tokenizer, models_dir):
+    rows, retriever = bank(tiny_tokenizer)
+    nll = []
+    for checkpointing in (False, True):
+        cfg = load_config("smoke").with_overrides({"model.gradient_checkpointing": checkpointing,
+                                                   "distill.lopd.cold_start.lr": 3e-3})
+        torch.manual_seed(0)
+        policies = build_policy_set(cfg.model, cfg.distill.lopd, models_dir, device="cpu")
+        composer = new_composer_state(policies, cfg.distill.lopd)
+        examples, _ = cold_start_examples(rows, retriever, n_retrieved=1, exclude_same_task=True)
+        trainer = ColdStart(cfg.distill, policies, composer)
+        nll.append([trainer.step(examples[:2])["cold_start/nll"] for _ in range(2)])
+    assert nll[0] == pytest.approx(nll[1], rel=1e-5)

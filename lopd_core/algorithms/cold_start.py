@@ -108,7 +108,8 @@ class ColdStart:
             token_lp = to_padded(gather_tokens(teacher_lp, targets), batch.mask)
             nll = -losses.global_token_mean(token_lp, batch.mask)
         with timer("backward"):
-            nll.backward()
+            with policies.composer_backward(latents):
+                nll.backward()
             norm_compressor = float(torch.nn.utils.clip_grad_norm_(self.compressor_params, self.cold.grad_clip_compressor))
             norm_lora = float(torch.nn.utils.clip_grad_norm_(self.lora_params, self.cold.grad_clip_lora))
             self.optimizer.step()

@@ -83,6 +83,13 @@ class TeacherPrefix:
     key_values: list[tuple[Tensor, Tensor]]
 
 
+def _cache_keyword(decoder) -> str:
+    """``cache`` (transformers ≥ 5.x) or ``past_key_values`` (older): the decoder forward's KV-cache argument."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+
+
 def teacher_prefix(policies: PolicySet, batch: SequenceBatch, *, min_length: int = 8) -> TeacherPrefix | None:
     """The batch's common prefix cache, or None (no span, a very short prefix, or gradient checkpointing on)."""
     if policies.gradient_checkpointing or not batch.span_lengths or min(batch.span_lengths) == 0:
@@ -122,8 +129,8 @@ def latent_teacher_logprobs(policies: PolicySet, composer: ComposerState, batch:
         else:
             decoder, _ = causal_lm_parts(teacher)
             cache = DynamicCache(ddp_cache_data=prefix.key_values)  # a fresh cache: the forward appends to it
-            hidden = decoder(inputs_embeds=embeds, attention_mask=batch.attention_mask, past_key_values=cache,
-                             use_cache=True).last_hidden_state
+            hidden = decoder(inputs_embeds=embeds, attention_mask=batch.attention_mask, use_cache=True,
+                             **{_cache_keyword(decoder): cache}).last_hidden_state
         return logprobs_at(teacher, hidden, batch.predict_index - offset, batch.mask), latents
 
 
@@ -278,7 +285,8 @@ class LOPD:
                                                                   max_tokens=lopd.experience_max_tokens))
             loss = loss + lopd.anchor_weight * anchor
         margin_hat = float(losses.token_weighted_margin(delta, rewards, mask))
-        loss.backward()
+        with self.policies.composer_backward(latents):
+            loss.backward()
         params = composer_parameters(self.policies, self.composer)
         grad_norm = clip_and_step(params, self.composer_optimizer, max_norm=self.cfg.grad_clip)
         return {"distill/composer_kl": _scalar(composer_kl), "distill/privilege_delta": margin_hat,

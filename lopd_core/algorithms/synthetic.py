@@ -70,10 +70,15 @@ def filler(n_words: int, *, seed: int) -> str:
 
 def sized_trajectory(tokenizer, *, index: int, prompt_tokens: int, reply_tokens: int, turns: int = 2,
                      reward: float = 1.0) -> Trajectory:
-    """A trajectory whose prompt and replies have roughly the given token counts (NATO words ≈ 1–2 tokens each)."""
-    instruction = f"Task {index}: " + filler(max(prompt_tokens // 2, 1), seed=index)
+    """A trajectory whose prompt and replies have roughly the given token counts (NATO words ≈ 1–2 tokens each).
+
+    Like an agent prompt, most of the prompt is the system message (tool documentation); the user message
+    (the task) is about a fifth of it.
+    """
+    system = "Tool documentation: " + filler(max(2 * prompt_tokens // 5, 1), seed=-index - 1)
+    instruction = f"Task {index}: " + filler(max(prompt_tokens // 10, 1), seed=index)
     per_turn = max(reply_tokens // turns, 1)
     replies = [filler(max(per_turn // 2, 1), seed=1000 * index + k) for k in range(turns)]
     observations = [f"<tool_response>{filler(8, seed=7 * index + k)}</tool_response>" for k in range(turns - 1)]
     return make_trajectory(tokenizer, task_id=f"bench-{index}", instruction=instruction, replies=replies,
-                           observations=observations, reward=reward)
+                           observations=observations, reward=reward, system=system)

@@ -130,6 +130,27 @@ class PolicySet:
         finally:
             self._set_active(previous)
 
+    @contextlib.contextmanager
+    def composer_backward(self, latents: Tensor):
+        """Wrap ``loss.backward()`` of a loss that flows teacher → latents → encoder under activation checkpointing.
+
+        A checkpointed layer recomputes its forward during backward with whatever adapter is live *then*.
+        Backward runs through the teacher first (every adapter off) and reaches the encoder (``encoder``
+        adapter) only once the latents' gradient is complete, so the live adapter is switched by a hook on
+        ``latents``. Without checkpointing this does nothing.
+        """
+        if not (self.gradient_checkpointing and latents.requires_grad):
+            yield
+            return
+        previous = self._active
+        self._set_active(None)
+        handle = latents.register_hook(lambda grad: self._set_active(ENCODER))
+        try:
+            yield
+        finally:
+            handle.remove()
+            self._set_active(previous)
+
     def adapter_names(self) -> set[str]:
         return set(self.base.peft_config)
 
