@@ -130,9 +130,11 @@ def test_prompt_renders_compactly_with_the_tiny_tokenizer(suite, tiny_tokenizer)
 
     for task in suite.tasks("train", 8, level=1):
         messages = suite.make_env(task).reset(task)
-        assert "<tool_call>" in messages[0]["content"]  # the one-shot example
+        # Worked examples as real turns: user request, call, tool response, answer (twice), then the task.
+        assert [m["role"] for m in messages] == ["system"] + ["user", "assistant", "tool", "assistant"] * 2 + ["user"]
+        assert messages[2]["content"].startswith("<tool_call>") and messages[-1]["content"] == task.instruction
         ids = render_prompt_ids(tiny_tokenizer, messages, task.tools)
-        assert 150 < len(ids) < 700, len(ids)
+        assert 150 < len(ids) < 900, len(ids)
 
 
 def test_bad_arguments_are_clear_errors(suite):
@@ -142,3 +144,12 @@ def test_bad_arguments_are_clear_errors(suite):
         suite.tasks("dev", 2)
     with pytest.raises(ValueError, match="unknown suite"):
         get_suite("nonsense")
+
+
+def test_worked_examples_use_entities_of_neither_split(suite):
+    pools = [e for p in (PEOPLE, CITIES, PRODUCTS, TITLES) for split in ("train", "test") for e in p[split]]
+    for domain in suite.domains.values():
+        assert len(domain.shots) >= 2
+        for shot in domain.shots:
+            text = json.dumps([m["content"] for m in shot.messages()])
+            assert not any(e in text for e in pools), (domain.name, shot.request)

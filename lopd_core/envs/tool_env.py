@@ -1,7 +1,8 @@
 """The multi-turn tool-use environment and its checklist verifier, shared by toolworld and plug-in suites.
 
-An episode: the system prompt (role, one-shot example of a call; the tool schemas are rendered by the
-chat template or :func:`lopd_core.rollout.chat.tools_system_prompt`) and the user's request; every
+An episode: the system prompt (role and rules; the tool schemas are rendered by the chat template or
+:func:`lopd_core.rollout.chat.tools_system_prompt`), optional worked examples as real chat turns
+(``prefix_messages``: small models imitate turns far better than instructions), the user's request; every
 assistant turn that contains tool calls gets one ``tool`` message with a ``<tool_response>`` per call
 (errors explained, never raised); the first turn without any call is the final answer and ends the episode.
 
@@ -170,8 +171,10 @@ class ToolUseEnvironment:
 
     def __init__(self, task: Task, toolbox_factory: Callable[[dict[str, Any]], tuple[Toolbox, Callable[[], dict]]],
                  scorer: Callable[[list[ToolCall], str | None, dict[str, Any] | None], EpisodeResult], *,
-                 system_prompt: str, max_calls_per_turn: int = 8) -> None:
+                 system_prompt: str, prefix_messages: list[dict[str, Any]] | None = None,
+                 max_calls_per_turn: int = 8) -> None:
         self.task = task
+        self.prefix_messages = list(prefix_messages or [])
         self._factory = toolbox_factory
         self._scorer = scorer
         self.system_prompt = system_prompt
@@ -184,7 +187,8 @@ class ToolUseEnvironment:
         self.calls: list[ToolCall] = []
         self.final_answer: str | None = None
         self.turns = 0
-        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": task.instruction}]
+        return [{"role": "system", "content": self.system_prompt}, *copy.deepcopy(self.prefix_messages),
+                {"role": "user", "content": task.instruction}]
 
     def step(self, assistant_text: str) -> StepResult:
         self.turns += 1

@@ -8,7 +8,7 @@ from typing import Any
 from lopd_core.envs.base import Split
 from lopd_core.envs.tool_env import AnswerItem
 from lopd_core.envs.tools import ToolFailure
-from lopd_core.envs.toolworld import PEOPLE, Blueprint, Domain, ident, phrase, pick, system_prompt
+from lopd_core.envs.toolworld import PEOPLE, Blueprint, Domain, Shot, ident, phrase, pick, system_prompt
 
 
 class BankTools:
@@ -23,10 +23,10 @@ class BankTools:
         return account
 
     def find_account(self, owner: str) -> dict:
-        """Find the account id of a customer.
+        """Find a customer's account id.
 
         Args:
-            owner: The account owner's full name.
+            owner: Full name.
         """
         for aid, acc in self.state["accounts"].items():
             if acc["owner"].lower() == owner.strip().lower():
@@ -34,21 +34,21 @@ class BankTools:
         raise ToolFailure(f"no account owned by {owner}")
 
     def get_balance(self, account_id: str) -> dict:
-        """Current balance of an account.
+        """Balance of an account.
 
         Args:
-            account_id: The account id, e.g. "B123".
+            account_id: Account id.
         """
         acc = self._account(account_id)
         return {"account_id": account_id.strip().upper(), "balance": acc["balance"], "currency": "EUR"}
 
     def transfer(self, from_account: str, to_account: str, amount: float) -> dict:
-        """Move money between two accounts.
+        """Move money between accounts.
 
         Args:
-            from_account: Account id to take the money from.
-            to_account: Account id to pay into.
-            amount: Amount in EUR (positive).
+            from_account: Payer account id.
+            to_account: Payee account id.
+            amount: EUR.
         """
         src, dst = self._account(from_account), self._account(to_account)
         if amount <= 0:
@@ -129,7 +129,10 @@ def pay_then_report(rng: random.Random, split: Split) -> Blueprint:
 
 DOMAIN = Domain(
     name="bank", tools_class=BankTools, tool_names=["find_account", "get_balance", "transfer"],
-    system_prompt=system_prompt("You are a banking assistant.", "Balance of account A1234?",
-                                ("get_balance", {"account_id": "A1234"})),
+    system_prompt=system_prompt("You are a banking assistant."),
+    shots=[Shot("Balance of account A1234, please?", ("get_balance", {"account_id": "A1234"}),
+                {"account_id": "A1234", "balance": 250.0, "currency": "EUR"}, "Account A1234 holds 250.00 EUR."),
+           Shot("How much is in account B7777?", ("get_balance", {"account_id": "B7777"}),
+                {"account_id": "B7777", "balance": 1032.5, "currency": "EUR"}, "Account B7777 holds 1032.50 EUR.")],
     kinds={1: [balance_by_id], 2: [balance_by_owner], 3: [pay_by_names], 4: [pay_then_report]},
 )

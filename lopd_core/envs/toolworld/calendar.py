@@ -8,7 +8,17 @@ from typing import Any
 from lopd_core.envs.base import Split
 from lopd_core.envs.tool_env import AnswerItem
 from lopd_core.envs.tools import ToolFailure
-from lopd_core.envs.toolworld import PEOPLE, TITLES, Blueprint, Domain, ident, phrase, pick, system_prompt
+from lopd_core.envs.toolworld import (
+    PEOPLE,
+    TITLES,
+    Blueprint,
+    Domain,
+    Shot,
+    ident,
+    phrase,
+    pick,
+    system_prompt,
+)
 
 DAYS = {"train": ["2026-06-01", "2026-06-02", "2026-06-03", "2026-06-04", "2026-06-05"],
         "test": ["2026-06-08", "2026-06-09", "2026-06-10", "2026-06-11"]}
@@ -27,22 +37,24 @@ class CalendarTools:
         self.state.setdefault("events", {})
 
     def list_events(self, date: str) -> list:
-        """List the meetings on one day, in time order.
+        """List the meetings of one day.
 
         Args:
-            date: The day as YYYY-MM-DD.
+            date: YYYY-MM-DD.
         """
-        rows = [{"event_id": eid, **e} for eid, e in self.state["events"].items() if e["date"] == date.strip()]
+        rows = [{"event_id": eid, "title": e["title"], "start": e["start"], "duration_min": e["duration_min"],
+                 **({"with": e["with"]} if e["with"] else {})}
+                for eid, e in self.state["events"].items() if e["date"] == date.strip()]
         return sorted(rows, key=lambda r: r["start"])
 
     def create_event(self, title: str, date: str, start: str, duration_min: int) -> dict:
-        """Add a meeting to the calendar.
+        """Add a meeting.
 
         Args:
-            title: What the meeting is.
-            date: The day as YYYY-MM-DD.
-            start: Start time as HH:MM (24-hour).
-            duration_min: Length in minutes.
+            title: Meeting title.
+            date: YYYY-MM-DD.
+            start: HH:MM (24-hour).
+            duration_min: Minutes.
         """
         eid = f"E{len(self.state['events']) + 1:03d}"
         while eid in self.state["events"]:
@@ -52,11 +64,11 @@ class CalendarTools:
         return {"event_id": eid, **self.state["events"][eid]}
 
     def move_event(self, event_id: str, start: str) -> dict:
-        """Move a meeting to a new start time on the same day.
+        """Move a meeting to a new start time (same day).
 
         Args:
-            event_id: The meeting's id.
-            start: New start time as HH:MM (24-hour).
+            event_id: Meeting id.
+            start: New start, HH:MM.
         """
         event = self._event(event_id)
         event["start"] = _valid_time(start)
@@ -66,7 +78,7 @@ class CalendarTools:
         """Delete a meeting.
 
         Args:
-            event_id: The meeting's id.
+            event_id: Meeting id.
         """
         self._event(event_id)
         del self.state["events"][event_id.strip().upper()]
@@ -171,7 +183,12 @@ def book_and_shift(rng: random.Random, split: Split) -> Blueprint:
 
 DOMAIN = Domain(
     name="calendar", tools_class=CalendarTools, tool_names=["list_events", "create_event", "move_event", "delete_event"],
-    system_prompt=system_prompt("You manage the user's calendar.", "What's on 2026-01-15?",
-                                ("list_events", {"date": "2026-01-15"})),
+    system_prompt=system_prompt("You manage the user's calendar."),
+    shots=[Shot("What's on my calendar on 2026-01-15?", ("list_events", {"date": "2026-01-15"}),
+                [{"event_id": "A1234", "title": "team lunch", "start": "12:00", "duration_min": 60}],
+                "On 2026-01-15 you have the team lunch at 12:00."),
+           Shot("When does the gym session start on 2026-02-20?", ("list_events", {"date": "2026-02-20"}),
+                [{"event_id": "B7777", "title": "gym session", "start": "07:30", "duration_min": 45}],
+                "The gym session starts at 07:30.")],
     kinds={1: [start_time, count_meetings], 2: [move_meeting], 3: [clear_person], 4: [book_and_shift]},
 )

@@ -8,7 +8,17 @@ from typing import Any
 from lopd_core.envs.base import Split
 from lopd_core.envs.tool_env import AnswerItem
 from lopd_core.envs.tools import ToolFailure
-from lopd_core.envs.toolworld import PEOPLE, PRODUCTS, Blueprint, Domain, ident, phrase, pick, system_prompt
+from lopd_core.envs.toolworld import (
+    PEOPLE,
+    PRODUCTS,
+    Blueprint,
+    Domain,
+    Shot,
+    ident,
+    phrase,
+    pick,
+    system_prompt,
+)
 
 STREETS = {"train": ["Harbor Street", "Maple Avenue", "Mill Lane", "Station Road", "Park Row"],
            "test": ["Cedar Court", "Lake Drive", "Orchard Way", "Bridge End"]}
@@ -29,25 +39,25 @@ class ShopTools:
         """Look up one order.
 
         Args:
-            order_id: The order id, e.g. "A123".
+            order_id: Order id.
         """
         return {"order_id": order_id.strip().upper(), **self._order(order_id)}
 
     def list_orders(self, customer: str) -> list:
-        """List a customer's orders (id, date placed, status), newest first.
+        """A customer's orders, newest first.
 
         Args:
-            customer: The customer's full name.
+            customer: Full name.
         """
         rows = [{"order_id": oid, "placed": o["placed"], "status": o["status"]}
                 for oid, o in self.state["orders"].items() if o["customer"].lower() == customer.strip().lower()]
         return sorted(rows, key=lambda r: r["placed"], reverse=True)
 
     def cancel_order(self, order_id: str) -> dict:
-        """Cancel an order that has not shipped yet; returns the refund.
+        """Cancel an unshipped order; returns the refund.
 
         Args:
-            order_id: The order id.
+            order_id: Order id.
         """
         order = self._order(order_id)
         if order["status"] != "processing":
@@ -56,11 +66,11 @@ class ShopTools:
         return {"order_id": order_id.strip().upper(), "status": "cancelled", "refund": order["total"]}
 
     def update_address(self, order_id: str, address: str) -> dict:
-        """Change the shipping address of an order that has not shipped yet.
+        """Change the address of an unshipped order.
 
         Args:
-            order_id: The order id.
-            address: The new shipping address.
+            order_id: Order id.
+            address: New address.
         """
         order = self._order(order_id)
         if order["status"] != "processing":
@@ -176,8 +186,11 @@ def cancel_all_open(rng: random.Random, split: Split) -> Blueprint:
 
 DOMAIN = Domain(
     name="shop", tools_class=ShopTools, tool_names=["get_order", "list_orders", "cancel_order", "update_address"],
-    system_prompt=system_prompt("You are the support agent of an online shop.", "Where is order A1234?",
-                                ("get_order", {"order_id": "A1234"})),
+    system_prompt=system_prompt("You are the support agent of an online shop."),
+    shots=[Shot("Status of order A1234, please?", ("get_order", {"order_id": "A1234"}),
+                {"order_id": "A1234", "product": "tent", "status": "delivered", "total": 42.0}, "Order A1234 is delivered."),
+           Shot("What did order B7777 cost me?", ("get_order", {"order_id": "B7777"}),
+                {"order_id": "B7777", "product": "lamp", "status": "processing", "total": 19.99}, "Order B7777 cost 19.99.")],
     kinds={1: [order_status, order_total], 2: [latest_product, cancel_open], 3: [readdress_open],
            4: [cancel_all_open]},
 )

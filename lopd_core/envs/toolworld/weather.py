@@ -8,7 +8,7 @@ from typing import Any, Literal
 from lopd_core.envs.base import Split
 from lopd_core.envs.tool_env import AnswerItem
 from lopd_core.envs.tools import ToolFailure
-from lopd_core.envs.toolworld import CITIES, Blueprint, Domain, phrase, pick, system_prompt
+from lopd_core.envs.toolworld import CITIES, Blueprint, Domain, Shot, phrase, pick, system_prompt
 
 CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "foggy", "snowy"]
 
@@ -23,10 +23,10 @@ class WeatherTools:
         self.state.setdefault("cities", {})
 
     def get_weather(self, city: str) -> dict:
-        """Current weather of a city; the temperature is in Celsius.
+        """Current weather of a city (temperature in Celsius).
 
         Args:
-            city: The city name.
+            city: City name.
         """
         for name, record in self.state["cities"].items():
             if name.lower() == city.strip().lower():
@@ -34,11 +34,11 @@ class WeatherTools:
         raise ToolFailure(f"no weather station for {city}")
 
     def convert_temperature(self, value: float, to_unit: Literal["F", "C"]) -> dict:
-        """Convert a temperature between Celsius and Fahrenheit.
+        """Convert a temperature (C to F or F to C).
 
         Args:
-            value: The temperature to convert.
-            to_unit: The unit to convert to: "F" (from Celsius) or "C" (from Fahrenheit).
+            value: Temperature.
+            to_unit: Target unit.
         """
         if to_unit == "F":
             return {"value": c_to_f(value), "unit": "F"}
@@ -111,6 +111,10 @@ def warmest_of_three(rng: random.Random, split: Split) -> Blueprint:
 
 DOMAIN = Domain(
     name="weather", tools_class=WeatherTools, tool_names=["get_weather", "convert_temperature"],
-    system_prompt=system_prompt("You are a weather assistant.", "Weather in Paris?", ("get_weather", {"city": "Paris"})),
+    system_prompt=system_prompt("You are a weather assistant."),
+    shots=[Shot("How warm is it in Paris?", ("get_weather", {"city": "Paris"}),
+                {"city": "Paris", "temp_c": 18.0, "condition": "sunny"}, "It is 18 °C and sunny in Paris."),
+           Shot("What's the weather in Rome?", ("get_weather", {"city": "Rome"}),
+                {"city": "Rome", "temp_c": 24.0, "condition": "cloudy"}, "It is 24 °C and cloudy in Rome.")],
     kinds={1: [temp_celsius, condition], 2: [temp_fahrenheit], 3: [warmer_of_two], 4: [warmest_of_three]},
 )
