@@ -34,7 +34,7 @@ def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
         "<tools>",
         *(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools),
         "</tools>",
-        'To call a function, reply with exactly one JSON object inside tags: '
+        'To call a function, reply with one JSON object per call inside tags: '
         '<tool_call>{"name": "function_name", "arguments": {"arg": "value"}}</tool_call>',
         "The result comes back inside <tool_response></tool_response>. When you have everything you need, "
         "answer the user in plain text without a tool call.",
