@@ -34,9 +34,6 @@ def test_example_suite_loads_by_path_and_oracles_score_one():
     train = {t.instruction for lv in (1, 2) for t in suite.tasks("train", 100, level=lv)}
     test = {t.instruction for lv in (1, 2) for t in suite.tasks("test", 100, level=lv)}
     assert not train & test
-    # The system prompt carries the one-shot example.
-    task = suite.tasks("train", 1, level=2)[0]
-    assert "<tool_call>" in suite.make_env(task).reset(task)[0]["content"]
 
 
 def test_example_state_checker_catches_the_wrong_member():
@@ -110,3 +107,11 @@ def test_apply_patch_replaces_and_deletes_records():
     initial = {"books": {"a": {"x": 1}, "b": {"x": 2}}, "count": 2}
     assert apply_patch(initial, {"books": {"a": {"x": 5}, "b": None}, "count": 1}) == {"books": {"a": {"x": 5}}, "count": 1}
     assert initial["books"]["b"] == {"x": 2}
+
+
+def test_worked_examples_are_played_as_turns():
+    suite = load_plugin_suite(EXAMPLE_SUITE)
+    task = suite.tasks("test", 1)[0]
+    messages = suite.make_env(task).reset(task)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert messages[2]["content"].startswith("<tool_call>") and "Moby Dick" not in task.instruction

@@ -32,10 +32,10 @@ import yaml
 
 from lopd_core.envs.base import EpisodeResult, Split, Task
 from lopd_core.envs.tool_env import AnswerItem, Checklist, ToolUseEnvironment, score_checklist
-from lopd_core.envs.tools import Toolbox, ToolCall, format_tool_call, schema_of
+from lopd_core.envs.tools import Toolbox, ToolCall, format_tool_call, format_tool_response, schema_of
 
 EXAMPLE_SUITE = Path(__file__).parent / "suites" / "example" / "suite.yaml"
-_YAML_KEYS = {"name", "kind", "description", "tools", "tasks", "system_prompt", "example_call", "checker"}
+_YAML_KEYS = {"name", "kind", "description", "tools", "tasks", "system_prompt", "example_call", "examples", "checker"}
 _TOOLS_KEYS = {"module", "class", "functions"}
 _TASK_KEYS = {"id", "split", "level", "instruction", "initial_state", "expected_state", "expected_calls",
               "expected_answer", "oracle", "family"}
@@ -56,6 +56,8 @@ class PluginSpec:
     system_prompt: str
     tasks: list[dict[str, Any]]
     checker: Callable[..., Any] | None
+    examples: list[dict[str, Any]]
+    """Worked examples as chat messages, played before every task's request."""
 
 
 def _import_module(ref: str, base: Path, where: str):
@@ -174,6 +176,25 @@ def _answer_item(value: Any, where: str) -> dict[str, Any]:
     raise PluginError(f"{where}: items are strings, numbers or {{\"number\": x, \"tolerance\": t}}")
 
 
+def _examples(raw: Any, names: list[str], path: Path) -> list[dict[str, Any]]:
+    """``examples: [{request, call: {name, arguments}, response, answer}]`` as user/assistant/tool turns."""
+    if not isinstance(raw, list):
+        raise PluginError(f"{path}: examples must be a list of {{request, call, response, answer}}")
+    messages = []
+    for i, ex in enumerate(raw):
+        where = f"{path}: examples[{i}]"
+        if not isinstance(ex, dict) or set(ex) - {"request", "call", "response", "answer"} or not {"request", "call", "answer"} <= set(ex):
+            raise PluginError(f"{where} needs request, call ({{name, arguments}}), answer and optionally response")
+        call = ex["call"]
+        if not isinstance(call, dict) or call.get("name") not in names:
+            raise PluginError(f"{where}.call must be {{name: <one of {names}>, arguments: {{...}}}}")
+        messages += [{"role": "user", "content": str(ex["request"])},
+                     {"role": "assistant", "content": format_tool_call(call["name"], call.get("arguments", {}))},
+                     {"role": "tool", "content": format_tool_response(ex.get("response", ""))},
+                     {"role": "assistant", "content": str(ex["answer"])}]
+    return messages
+
+
 def apply_patch(initial: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     """The expected final state: ``initial`` with the patched records replaced (``None`` deletes)."""
     state = copy.deepcopy(initial)
@@ -219,6 +240,7 @@ def load_plugin_spec(path: Path) -> PluginSpec:
         if not isinstance(example, dict) or example.get("name") not in names:
             raise PluginError(f"{path}: example_call must be {{name: <one of {names}>, arguments: {{...}}}}")
         prompt += f"\nExample: {format_tool_call(example['name'], example.get('arguments', {}))}"
+    examples = _examples(raw.get("examples") or [], names, path)
     checker = None
     if raw.get("checker"):
         ref = str(raw["checker"])
@@ -229,7 +251,7 @@ def load_plugin_spec(path: Path) -> PluginSpec:
         if not callable(checker):
             raise PluginError(f"{path}: checker function {fn_name!r} not found in {mod_ref}")
     return PluginSpec(name=str(raw["name"]), path=path, module=module, tools_class=cls, tool_names=names,
-                      schemas=schemas, system_prompt=prompt, tasks=tasks, checker=checker)
+                      schemas=schemas, system_prompt=prompt, tasks=tasks, checker=checker, examples=examples)
 
 
 class PluginSuite:
@@ -288,7 +310,8 @@ class PluginSuite:
             return EpisodeResult(reward=reward, success=bool(out.get("success", reward >= 0.8)),
                                  feedback=str(out.get("feedback", "")), checklist=dict(out.get("checklist", {})))
 
-        return ToolUseEnvironment(task, self._toolbox, scorer, system_prompt=self.spec.system_prompt)
+        return ToolUseEnvironment(task, self._toolbox, scorer, system_prompt=self.spec.system_prompt,
+                                  prefix_messages=self.spec.examples)
 
 
 def load_plugin_suite(path: Path) -> PluginSuite:
