@@ -131,7 +131,7 @@ def test_prompt_renders_compactly_with_the_tiny_tokenizer(suite, tiny_tokenizer)
     for task in suite.tasks("train", 8, level=1):
         messages = suite.make_env(task).reset(task)
         # Worked examples as real turns: user request, call, tool response, answer (twice), then the task.
-        assert [m["role"] for m in messages] == ["system"] + ["user", "assistant", "tool", "assistant"] * 2 + ["user"]
+        assert [m["role"] for m in messages] == ["system"] + ["user", "assistant", "tool", "assistant"] * suite.n_shots + ["user"]
         assert messages[2]["content"].startswith("<tool_call>") and messages[-1]["content"] == task.instruction
         ids = render_prompt_ids(tiny_tokenizer, messages, task.tools)
         assert 150 < len(ids) < 900, len(ids)

@@ -84,6 +84,15 @@ def balance_by_id(rng: random.Random, split: Split) -> Blueprint:
                      f"Account {aid} holds {bal:.2f} EUR.")
 
 
+def account_of(rng: random.Random, split: Split) -> Blueprint:
+    owner, = pick(rng, PEOPLE, split)
+    state, ids = _ledger(rng, split, [owner])
+    text = phrase(rng, {"train": ["What is the account id of {o}?"], "test": ["Which account number belongs to {o}?"]},
+                  split, o=owner)
+    return Blueprint(text, state, [("find_account", {"owner": owner})], [AnswerItem(text=ids[owner])],
+                     f"{owner}'s account is {ids[owner]}.")
+
+
 def balance_by_owner(rng: random.Random, split: Split) -> Blueprint:
     owner, = pick(rng, PEOPLE, split)
     state, ids = _ledger(rng, split, [owner])
@@ -134,5 +143,5 @@ DOMAIN = Domain(
                 {"account_id": "A1234", "balance": 250.0, "currency": "EUR"}, "Account A1234 holds 250.00 EUR."),
            Shot("How much is in account B7777?", ("get_balance", {"account_id": "B7777"}),
                 {"account_id": "B7777", "balance": 1032.5, "currency": "EUR"}, "Account B7777 holds 1032.50 EUR.")],
-    kinds={1: [balance_by_id], 2: [balance_by_owner], 3: [pay_by_names], 4: [pay_then_report]},
+    kinds={1: [balance_by_id, account_of], 2: [balance_by_owner], 3: [pay_by_names], 4: [pay_then_report]},
 )

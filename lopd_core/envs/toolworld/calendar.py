@@ -132,6 +132,17 @@ def count_meetings(rng: random.Random, split: Split) -> Blueprint:
                      f"You have {n} meeting{'s' if n != 1 else ''} on {date}.")
 
 
+def meeting_partner(rng: random.Random, split: Split) -> Blueprint:
+    date, = pick(rng, DAYS, split)
+    people = pick(rng, PEOPLE, split, 3)
+    state, ids = _day(rng, split, rng.randint(2, 3), date, people=people)
+    event = state["events"][rng.choice(ids)]
+    text = phrase(rng, {"train": ["Who is the {t} on {d} with?"], "test": ["On {d}, whom do I meet for the {t}?"]},
+                  split, t=event["title"], d=date)
+    return Blueprint(text, state, [("list_events", {"date": date})], [AnswerItem(text=event["with"])],
+                     f"The {event['title']} is with {event['with']}.")
+
+
 def move_meeting(rng: random.Random, split: Split) -> Blueprint:
     date, = pick(rng, DAYS, split)
     state, ids = _day(rng, split, 3, date)
@@ -190,5 +201,5 @@ DOMAIN = Domain(
            Shot("When does the gym session start on 2026-02-20?", ("list_events", {"date": "2026-02-20"}),
                 [{"event_id": "B7777", "title": "gym session", "start": "07:30", "duration_min": 45}],
                 "The gym session starts at 07:30.")],
-    kinds={1: [start_time, count_meetings], 2: [move_meeting], 3: [clear_person], 4: [book_and_shift]},
+    kinds={1: [start_time, count_meetings, meeting_partner], 2: [move_meeting], 3: [clear_person], 4: [book_and_shift]},
 )

@@ -130,6 +130,16 @@ def order_total(rng: random.Random, split: Split) -> Blueprint:
                      f"Order {oid} cost {total:.2f}.")
 
 
+def count_orders(rng: random.Random, split: Split) -> Blueprint:
+    customer, = pick(rng, PEOPLE, split)
+    n = rng.randint(1, 4)
+    state, _ = _state(rng, split, customer, [rng.choice(["processing", "shipped", "delivered"]) for _ in range(n)])
+    text = phrase(rng, {"train": ["How many orders has {c} placed?"], "test": ["Count the orders of {c}, please."]},
+                  split, c=customer)
+    return Blueprint(text, state, [("list_orders", {"customer": customer})], [AnswerItem(number=n)],
+                     f"{customer} has placed {n} order{'s' if n != 1 else ''}.")
+
+
 def latest_product(rng: random.Random, split: Split) -> Blueprint:
     customer, = pick(rng, PEOPLE, split)
     state, mine = _state(rng, split, customer, rng.sample(["processing", "shipped", "delivered"], 2))
@@ -191,6 +201,6 @@ DOMAIN = Domain(
                 {"order_id": "A1234", "product": "tent", "status": "delivered", "total": 42.0}, "Order A1234 is delivered."),
            Shot("What did order B7777 cost me?", ("get_order", {"order_id": "B7777"}),
                 {"order_id": "B7777", "product": "lamp", "status": "processing", "total": 19.99}, "Order B7777 cost 19.99.")],
-    kinds={1: [order_status, order_total], 2: [latest_product, cancel_open], 3: [readdress_open],
+    kinds={1: [order_status, order_total, count_orders], 2: [latest_product, cancel_open], 3: [readdress_open],
            4: [cancel_all_open]},
 )

@@ -72,6 +72,16 @@ def condition(rng: random.Random, split: Split) -> Blueprint:
                      f"It is {cond} in {city}.")
 
 
+def convert_only(rng: random.Random, split: Split) -> Blueprint:
+    state, _ = _cities(rng, split, 1)
+    t = float(rng.randint(-10, 35))
+    f = c_to_f(t)
+    text = phrase(rng, {"train": ["What is {t:g} °C in Fahrenheit?"], "test": ["Convert {t:g} degrees Celsius to °F."]},
+                  split, t=t)
+    return Blueprint(text, state, [("convert_temperature", {"value": t, "to_unit": "F"})],
+                     [AnswerItem(number=f, tolerance=0.6)], f"{t:g} °C is {f:g} °F.")
+
+
 def temp_fahrenheit(rng: random.Random, split: Split) -> Blueprint:
     state, (city,) = _cities(rng, split, 1)
     t = state["cities"][city]["temp_c"]
@@ -116,5 +126,5 @@ DOMAIN = Domain(
                 {"city": "Paris", "temp_c": 18.0, "condition": "sunny"}, "It is 18 °C and sunny in Paris."),
            Shot("What's the weather in Rome?", ("get_weather", {"city": "Rome"}),
                 {"city": "Rome", "temp_c": 24.0, "condition": "cloudy"}, "It is 24 °C and cloudy in Rome.")],
-    kinds={1: [temp_celsius, condition], 2: [temp_fahrenheit], 3: [warmer_of_two], 4: [warmest_of_three]},
+    kinds={1: [temp_celsius, condition, convert_only], 2: [temp_fahrenheit], 3: [warmer_of_two], 4: [warmest_of_three]},
 )
