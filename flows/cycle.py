@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from prefect import flow
 
-from flows.common import config, ensure_concurrency_limit
+from flows.common import config, training_slot
 from flows.stages import stage
 
 
@@ -27,14 +27,13 @@ def new_cycle_id() -> str:
 @flow(name="lopd-cycle", log_prints=True)
 def cycle_flow(profile: str = "demo", overrides: list[str] | None = None, cycle_id: str = "") -> dict:
     """One cycle; an empty ``cycle_id`` starts a new one named after the current UTC time."""
-    from prefect.concurrency.sync import concurrency
+    from lopd_core.workspace import Workspace
 
     overrides = overrides or []
     cycle_id = cycle_id or new_cycle_id()
     cfg = config(profile, overrides)
     refs = {name: stage(name, profile, overrides, cycle_id) for name in ("rollouts", "curate", "index")}
-    ensure_concurrency_limit(cfg.cycle.concurrency_limit_name)
-    with concurrency(cfg.cycle.concurrency_limit_name, occupy=1):
+    with training_slot(cfg.cycle.concurrency_limit_name, Workspace.from_config(cfg.workspace).ensure().home):
         refs["distill"] = stage("distill", profile, overrides, cycle_id)
     refs["evaluate"] = stage("evaluate", profile, overrides, cycle_id)
     refs["promote"] = stage("promote", profile, overrides, cycle_id)

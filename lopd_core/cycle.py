@@ -310,7 +310,7 @@ def _evaluate_student(ctx: CycleContext, policies, role: str, label: str, *, use
     frames = [evaluation_frame(result.trajectories, eval_run_id=eval_run_id, role=role, cycle_id=ctx.cycle_id)]
     if result.probe_trajectories:
         frames.append(evaluation_frame(result.probe_trajectories, eval_run_id=eval_run_id, role=role,
-                                       probe="other_suite", cycle_id=ctx.cycle_id))
+                                       probe="forgetting", cycle_id=ctx.cycle_id))
     import pandas as pd
 
     ctx.store.write_evaluations(pd.concat(frames, ignore_index=True), cycle_id=ctx.cycle_id)

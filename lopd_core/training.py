@@ -316,6 +316,10 @@ def train(cfg, *, suite, retriever: Retriever | None, run_dir: Path, student_ini
                         + budget["pretraining_episodes"]})
         logger.log(metrics, step=step)
         last_metrics = metrics
+        # the step's trajectories are handed over BEFORE its checkpoint: a crash in between re-runs the step
+        # (same seeds, same ids), a crash after it never loses them
+        if on_step is not None:
+            on_step(step, metrics, trajectories)
         if (step + 1) % d.checkpoint_every == 0 or step + 1 == d.steps:
             checkpoint = save_checkpoint(run_dir, step=step, policies=policies, algorithm=algorithm, cfg=cfg,
                                          cursor=cursor, composer=composer if needs_composer(cfg) else None,
@@ -323,8 +327,6 @@ def train(cfg, *, suite, retriever: Retriever | None, run_dir: Path, student_ini
         engine.update_policy(policies.student_module(), f"{run_dir.name}/step{step}")
         bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
                          ("rollout/success_rate", "distill/kl_topk", "distill/loss", "distill/beta") if k in metrics})
-        if on_step is not None:
-            on_step(step, metrics, trajectories)
     bar.close()
 
     # --- final artifacts (plain directories for the registry) --------------------------------------------

@@ -1,0 +1,162 @@
+"""The continual-learning cycle for real: `lopd cycle` subprocesses (ephemeral Prefect, LanceDB, MLflow) on
+the smoke profile (tiny model), consecutive cycles, re-runs, a crash mid-distillation, injected bad rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def lopd(home: Path, models_dir: Path, *args: str, check: bool = True, **popen) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LOPD_HOME": str(home)}
+    cmd = [sys.executable, "-m", "lopd_core.cli", *args, "--profile", "smoke",
+           "--set", f"workspace.models_dir={models_dir}"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, **popen)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({res.returncode}):\n{res.stderr[-4000:]}")
+    return res
+
+
+def last_json(res: subprocess.CompletedProcess) -> dict:
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def store(home: Path):
+    from lopd_core.memory.store import ExperienceStore
+
+    return ExperienceStore(str(home / "lance"))
+
+
+def registry(home: Path):
+    from lopd_core.config import load_config
+    from lopd_core.registry import ModelRegistry
+
+    return ModelRegistry(f"sqlite:///{home / 'mlflow.db'}", (home / "mlartifacts").as_uri(), load_config("smoke").registry)
+
+
+@pytest.fixture(scope="module")
+def two_cycles(tmp_path_factory, models_dir):
+    home = tmp_path_factory.mktemp("ws")
+    first = last_json(lopd(home, models_dir, "cycle", "--cycle-id", "c1", "--json"))
+    versions_after_first = {t: store(home).version(t) for t in ("trajectories", "experiences")}
+    second = last_json(lopd(home, models_dir, "cycle", "--cycle-id", "c2", "--json"))
+    return home, first, second, versions_after_first
+
+
+def test_second_cycle_builds_on_the_first_champion(two_cycles):
+    home, first, second, _ = two_cycles
+    assert first["state"] == second["state"] == "completed"
+    assert first["champion"] == "2"  # smoke's gate (margin 0) promotes a tie; v1 is the base
+    rec = json.loads((home / "runs" / "c2" / "cycle.json").read_text())
+    assert rec["stages"]["rollouts"]["champion_student"] == first["champion"]
+    rows = store(home).read("trajectories", where="cycle_id = 'c2'", columns=["trajectory_id", "policy_version"])
+    seed = rows[rows["trajectory_id"].str.startswith("c2/rollouts/")]
+    assert set(seed["policy_version"]) == {f"student-v{first['champion']}"}
+
+
+def test_table_versions_advance_and_rows_are_not_duplicated(two_cycles):
+    home, first, second, before = two_cycles
+    s = store(home)
+    assert s.version("trajectories") > before["trajectories"]
+    assert second["experiences_version"] > first["experiences_version"]
+    ids = s.read("trajectories", columns=["trajectory_id"])["trajectory_id"]
+    # per cycle: 4 seed rollouts + 2 steps x 2 training episodes
+    assert len(ids) == ids.nunique() == 2 * (4 + 2 * 2)
+    assert s.count("quarantine") == 0  # well-formed cycles quarantine nothing
+
+
+def test_rerunning_a_finished_cycle_changes_nothing(two_cycles, models_dir):
+    home, first, _, _ = two_cycles
+    s, reg = store(home), registry(home)
+    tables = {t: (s.version(t), s.count(t)) for t in ("trajectories", "curated", "experiences", "evaluations")}
+    model_versions = (len(reg.versions("student")), len(reg.versions("composer")))
+    again = last_json(lopd(home, models_dir, "cycle", "--cycle-id", "c1", "--json"))
+    assert {k: v for k, v in again.items() if k != "wall_s"} == {k: v for k, v in first.items() if k != "wall_s"}
+    assert {t: (s.version(t), s.count(t)) for t in tables} == tables
+    assert (len(reg.versions("student")), len(reg.versions("composer"))) == model_versions
+
+
+def test_pairs_carry_lineage_tags_and_rollback_restores(two_cycles, models_dir):
+    home, first, second, _ = two_cycles
+    reg = registry(home)
+    v = {r["version"]: r for r in reg.versions("student")}[second["student_version"]]
+    for tag in ("paired_version", "experience_table_version", "data_contract_version", "config_hash",
+                "eval_run_id", "flow_run_id", "base_model"):
+        assert v["tags"].get(tag), tag
+    assert v["tags"]["base_model"] == "tiny" and v["tags"]["experience_table_version"] == str(second["experiences_version"])
+    out = last_json(lopd(home, models_dir, "rollback", "--json"))
+    assert out["champion"]["student"] == first["champion"] and out["rolled_back"]["student"] == second["champion"]
+    assert reg.champion().student == first["champion"]
+
+
+def test_crash_in_distillation_resumes_from_checkpoint(tmp_path, models_dir):
+    home = tmp_path / "ws"
+    args = [sys.executable, "-m", "lopd_core.cli", "cycle", "--profile", "smoke", "--cycle-id", "k1",
+            "--set", f"workspace.models_dir={models_dir}", "--set", "distill.steps=4"]
+    env = {**os.environ, "LOPD_HOME": str(home)}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ckpt_root = home / "checkpoints" / "cycle-k1"
+    deadline = time.time() + 600
+    while time.time() < deadline and not list(ckpt_root.glob("step_000001")):
+        assert proc.poll() is None, "the cycle ended before it could be interrupted"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, as a crash would
+    proc.wait()
+    rec = json.loads((home / "runs" / "k1" / "cycle.json").read_text())
+    assert "distill" not in rec["stages"] and "index" in rec["stages"]
+
+    summary = last_json(lopd(home, models_dir, "cycle", "--cycle-id", "k1", "--json", "--set", "distill.steps=4"))
+    assert summary["state"] == "completed" and summary["distill_steps"] == 4
+    rec = json.loads((home / "runs" / "k1" / "cycle.json").read_text())
+    assert rec["stages"]["distill"]["resumed"] is True
+    ids = store(home).read("trajectories", columns=["trajectory_id"])["trajectory_id"]
+    distill_ids = sorted(i for i in ids if i.startswith("k1/distill/"))
+    assert distill_ids == sorted(f"k1/distill/{s:04d}/{i:04d}" for s in range(4) for i in range(2))
+    assert len(ids) == ids.nunique()
+
+
+def test_malformed_rows_are_quarantined_and_the_cycle_completes(tmp_path, models_dir, monkeypatch):
+    """Fault injection: the rollout producer hands the real stage two broken trajectories."""
+    from dataclasses import replace
+
+    import lopd_core.rollout.agent as agent
+    from lopd_core.config import load_config
+
+    monkeypatch.setenv("LOPD_HOME", str(tmp_path / "ws"))
+    overrides = [f"workspace.models_dir={models_dir}", "rollout.n_tasks=6", "curation.max_bad_row_fraction=0.5"]
+    cfg = load_config("smoke", overrides)
+    from lopd_core.workspace import Workspace
+
+    for k, v in Workspace.from_config(cfg.workspace).ensure().prefect_env().items():
+        monkeypatch.setenv(k, v)
+    real = agent.run_episodes
+
+    def corrupting(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if kwargs.get("step", -1) == -1 and len(out) == 6:  # the seed rollouts only
+            out[0] = replace(out[0], reward=1.7)
+            out[1] = replace(out[1], assistant_mask=out[1].assistant_mask[:-3])
+        return out
+
+    monkeypatch.setattr(agent, "run_episodes", corrupting)
+    from flows.cycle import cycle_flow
+
+    result = cycle_flow("smoke", overrides, "q1")
+    assert result["cycle_id"] == "q1"
+    s = store(tmp_path / "ws")
+    quarantine = s.read("quarantine")
+    bad = quarantine[quarantine["row_key"].isin(["q1/rollouts/0000", "q1/rollouts/0001"])]
+    assert len(bad) == 2
+    reasons = " ".join(bad["reason"].tolist())
+    assert "reward" in reasons and "mask_length_matches_token_ids" in reasons
+    assert s.count("trajectories", where="trajectory_id = 'q1/rollouts/0000'") == 0
+    assert s.count("trajectories", where="trajectory_id LIKE 'q1/rollouts/%'") == 4
