@@ -1,6 +1,6 @@
 """codegen: procedural Python function-writing tasks verified by hidden unit tests in the sandbox.
 
-A task instantiates one of the 44 templates of :mod:`lopd_core.envs.codegen.templates` with drawn
+A task instantiates one of the 51 templates of :mod:`lopd_core.envs.codegen.templates` with drawn
 parameters (thresholds, shift amounts, coin sets …) and draws 6–8 hidden test inputs; the expected outputs
 come from the template's reference solution (our own trusted code, run in-process at task creation). The
 prompt shows the signature, the specification and one worked example (an input that is not among the
@@ -8,7 +8,7 @@ hidden tests). The episode is one assistant turn: the code is extracted from the
 fence, else bare code), all hidden tests run in one sandboxed process, reward = fraction passed, success =
 all passed; feedback = the first failing test (call, got, expected) or the load error / timeout.
 
-Split: train tasks use the 32 train templates, test tasks the 12 test templates (3 per level), so no
+Split: train tasks use the 37 train templates, test tasks the 14 test templates (3-5 per level), so no
 evaluation template — and hence no evaluation function — is ever trained on. ``Task.oracle`` is the
 reference solution in a fence.
 """

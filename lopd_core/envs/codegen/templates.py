@@ -1,9 +1,10 @@
-"""The 44 procedural function-writing templates of the codegen suite (11 per level, 8 train + 3 test each).
+"""The 51 procedural function-writing templates of the codegen suite (train / test per level: 10/5, 11/3, 8/3, 8/3).
 
 A template is: the function's signature, a description with parameters drawn per task (``{k}`` …), a
 reference solution (trusted code written here, executed in-process to compute expected values), and a
-generator of hidden test inputs. Levels: 1 = one idea with a parameter (not a bare one-liner),
-2 = a loop with state or string handling, 3 = a classic algorithm with edge cases, 4 = dynamic
+generator of hidden test inputs. Levels: 1 = one-liners with a drawn parameter, half plain and half with a twist
+(SmolLM2-135M passed 1 of 24 level-1 tasks when all had a twist, and 5 of 8 bare one-liners in an earlier
+probe), 2 = a loop with state or string handling, 3 = a classic algorithm with edge cases, 4 = dynamic
 programming / parsing. Test templates are never used for training tasks.
 """
 
@@ -62,6 +63,34 @@ def _none(r):
 T = Template
 TEMPLATES: list[Template] = [
     # ---------------------------------------------------------------- level 1
+    T("lists/scale_all", 1, "train", "scale_all(nums)",
+      "returns a new list with every number of the list `nums` multiplied by {k}",
+      "def scale_all(nums):\n    return [x * {k} for x in nums]\n",
+      lambda r: {"k": r.randint(2, 9)}, lambda r, p: _lists(r)),
+    T("strings/starting_with", 1, "train", "starting_with(words)",
+      "returns the strings of the list `words` that start with the letter '{c}', in their original order",
+      "def starting_with(words):\n    return [w for w in words if w.startswith('{c}')]\n",
+      lambda r: {"c": r.choice("acmrst")}, lambda r, p: [[[r.choice(WORDS) for _ in range(r.randint(0, 6))]] for _ in range(6)]),
+    T("lists/first_n", 1, "train", "first_n(items)",
+      "returns a list of the first {k} elements of the list `items` (all of them if there are fewer)",
+      "def first_n(items):\n    return items[:{k}]\n",
+      lambda r: {"k": r.randint(2, 5)}, lambda r, p: [[ints(r, r.randint(0, 8), 0, 9)] for _ in range(6)]),
+    T("strings/count_long", 1, "train", "count_long(words)",
+      "returns how many strings in the list `words` are longer than {k} characters",
+      "def count_long(words):\n    return sum(1 for w in words if len(w) > {k})\n",
+      lambda r: {"k": r.randint(3, 5)}, lambda r, p: [[[r.choice(WORDS) for _ in range(r.randint(0, 7))]] for _ in range(6)]),
+    T("numbers/is_multiple", 1, "train", "is_multiple(n)",
+      "returns True when the integer n is divisible by {k}, otherwise False",
+      "def is_multiple(n):\n    return n % {k} == 0\n",
+      lambda r: {"k": r.randint(3, 9)}, lambda r, p: [[r.randint(-30, 60)] for _ in range(5)] + [[p["k"] * 3], [0]]),
+    T("lists/max_times", 1, "test", "max_times(nums)",
+      "returns the largest number of the list `nums` multiplied by {k} (0 for an empty list)",
+      "def max_times(nums):\n    return max(nums) * {k} if nums else 0\n",
+      lambda r: {"k": r.randint(2, 9)}, lambda r, p: _lists(r)),
+    T("strings/shout", 1, "test", "shout(s)",
+      "returns the string `s` in upper case followed by {k} exclamation marks",
+      "def shout(s):\n    return s.upper() + '!' * {k}\n",
+      lambda r: {"k": r.randint(1, 4)}, lambda r, p: [[text(r, r.randint(0, 3))] for _ in range(6)]),
     T("lists/sum_above", 1, "train", "sum_above(nums)",
       "returns the sum of the numbers in the list `nums` that are strictly greater than {k} (0 if there are none)",
       "def sum_above(nums):\n    return sum(x for x in nums if x > {k})\n",
@@ -79,18 +108,18 @@ TEMPLATES: list[Template] = [
       "returns a new list where every number of `nums` below {lo} becomes {lo} and every number above {hi} becomes {hi}",
       "def clamp_all(nums):\n    return [min(max(x, {lo}), {hi}) for x in nums]\n",
       lambda r: {"lo": r.randint(-5, 5), "hi": r.randint(10, 30)}, lambda r, p: _lists(r)),
-    T("numbers/last_digit_sum", 1, "train", "last_digit_sum(nums)",
+    T("numbers/last_digit_sum", 2, "train", "last_digit_sum(nums)",
       "returns the sum of the last decimal digits of the integers in `nums` (the last digit of -37 is 7), "
       "but only counts digits greater than {k}",
       "def last_digit_sum(nums):\n    return sum(abs(x) % 10 for x in nums if abs(x) % 10 > {k})\n",
       lambda r: {"k": r.randint(0, 4)}, lambda r, p: _lists(r, -99, 99)),
-    T("strings/longest_word", 1, "train", "longest_word(text)",
+    T("strings/longest_word", 2, "train", "longest_word(text)",
       "returns the longest word of the space-separated string `text` that has at most {k} letters "
       "(the first one on ties; '' if there is none)",
       "def longest_word(text):\n    best = ''\n    for w in text.split():\n        if len(w) <= {k} and len(w) > len(best):\n"
       "            best = w\n    return best\n",
       lambda r: {"k": r.randint(4, 5)}, lambda r, p: [[text(r, r.randint(1, 7))] for _ in range(6)] + [[""]]),
-    T("numbers/count_multiples", 1, "train", "count_multiples(nums)",
+    T("numbers/count_multiples", 2, "train", "count_multiples(nums)",
       "returns how many numbers in `nums` are divisible by {k} but not by {m}",
       "def count_multiples(nums):\n    return sum(1 for x in nums if x % {k} == 0 and x % {m} != 0)\n",
       lambda r: (lambda k: {"k": k, "m": k * r.randint(2, 3)})(r.randint(2, 5)), lambda r, p: _lists(r, 0, 60)),

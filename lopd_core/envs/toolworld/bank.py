@@ -139,9 +139,9 @@ def pay_then_report(rng: random.Random, split: Split) -> Blueprint:
 DOMAIN = Domain(
     name="bank", tools_class=BankTools, tool_names=["find_account", "get_balance", "transfer"],
     system_prompt=system_prompt("You are a banking assistant."),
-    shots=[Shot("Balance of account A1234, please?", ("get_balance", {"account_id": "A1234"}),
-                {"account_id": "A1234", "balance": 250.0, "currency": "EUR"}, "Account A1234 holds 250.00 EUR."),
-           Shot("How much is in account B7777?", ("get_balance", {"account_id": "B7777"}),
-                {"account_id": "B7777", "balance": 1032.5, "currency": "EUR"}, "Account B7777 holds 1032.50 EUR.")],
-    kinds={1: [balance_by_id, account_of], 2: [balance_by_owner], 3: [pay_by_names], 4: [pay_then_report]},
+    shots=[Shot("Which account does Sam Lee own?", ("find_account", {"owner": "Sam Lee"}),
+                {"account_id": "A1234", "owner": "Sam Lee"}, "Sam Lee's account is A1234."),
+           Shot("Kim Ray's account id, please?", ("find_account", {"owner": "Kim Ray"}),
+                {"account_id": "B7777", "owner": "Kim Ray"}, "Kim Ray's account id is B7777.")],
+    kinds={1: [balance_by_id], 2: [balance_by_owner, account_of], 3: [pay_by_names], 4: [pay_then_report]},
 )

@@ -197,10 +197,12 @@ def cancel_all_open(rng: random.Random, split: Split) -> Blueprint:
 DOMAIN = Domain(
     name="shop", tools_class=ShopTools, tool_names=["get_order", "list_orders", "cancel_order", "update_address"],
     system_prompt=system_prompt("You are the support agent of an online shop."),
-    shots=[Shot("Status of order A1234, please?", ("get_order", {"order_id": "A1234"}),
-                {"order_id": "A1234", "product": "tent", "status": "delivered", "total": 42.0}, "Order A1234 is delivered."),
-           Shot("What did order B7777 cost me?", ("get_order", {"order_id": "B7777"}),
-                {"order_id": "B7777", "product": "lamp", "status": "processing", "total": 19.99}, "Order B7777 cost 19.99.")],
-    kinds={1: [order_status, order_total, count_orders], 2: [latest_product, cancel_open], 3: [readdress_open],
+    shots=[Shot("Which orders does Sam Lee have?", ("list_orders", {"customer": "Sam Lee"}),
+                [{"order_id": "A1234", "placed": "2026-01-09", "status": "processing"},
+                 {"order_id": "B7777", "placed": "2026-01-03", "status": "delivered"}],
+                "Sam Lee has two orders: A1234 (processing) and B7777 (delivered)."),
+           Shot("Any orders for Kim Ray?", ("list_orders", {"customer": "Kim Ray"}),
+                [{"order_id": "C5555", "placed": "2026-02-11", "status": "shipped"}], "Kim Ray has one order, C5555 (shipped).")],
+    kinds={1: [order_status, order_total], 2: [latest_product, cancel_open, count_orders], 3: [readdress_open],
            4: [cancel_all_open]},
 )

@@ -122,9 +122,9 @@ def warmest_of_three(rng: random.Random, split: Split) -> Blueprint:
 DOMAIN = Domain(
     name="weather", tools_class=WeatherTools, tool_names=["get_weather", "convert_temperature"],
     system_prompt=system_prompt("You are a weather assistant."),
-    shots=[Shot("How warm is it in Paris?", ("get_weather", {"city": "Paris"}),
-                {"city": "Paris", "temp_c": 18.0, "condition": "sunny"}, "It is 18 °C and sunny in Paris."),
-           Shot("What's the weather in Rome?", ("get_weather", {"city": "Rome"}),
-                {"city": "Rome", "temp_c": 24.0, "condition": "cloudy"}, "It is 24 °C and cloudy in Rome.")],
-    kinds={1: [temp_celsius, condition, convert_only], 2: [temp_fahrenheit], 3: [warmer_of_two], 4: [warmest_of_three]},
+    shots=[Shot("Convert 10 °C to Fahrenheit.", ("convert_temperature", {"value": 10.0, "to_unit": "F"}),
+                {"value": 50.0, "unit": "F"}, "10 °C is 50 °F."),
+           Shot("And 68 °F in Celsius?", ("convert_temperature", {"value": 68.0, "to_unit": "C"}),
+                {"value": 20.0, "unit": "C"}, "68 °F is 20 °C.")],
+    kinds={1: [temp_celsius, condition], 2: [temp_fahrenheit, convert_only], 3: [warmer_of_two], 4: [warmest_of_three]},
 )
