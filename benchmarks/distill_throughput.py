@@ -86,7 +86,13 @@ def build_lopd(cfg, size):
     base = policies.base.get_base_model()
     encoder_tokens = sum(len(encoder_ids(policies.tokenizer, t.instruction, e, max_tokens=cfg.distill.lopd.experience_max_tokens))
                          for t, exps in zip(tasks, retrieved, strict=True) for e in exps)
+    from lopd_core.models.latent import latent_prompt
+
+    k, tok = cfg.distill.lopd.n_latents, policies.tokenizer
+    span_starts = [latent_prompt(tok, r.messages[: r.initial_messages], r.tools, n_latents=len(e) * k,
+                                 placeholder_id=tok.pad_token_id).span_start for r, e in zip(rows, retrieved, strict=True)]
     facts = {"parameters": sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n),
+             "teacher_prefix_tokens": float(min(span_starts) * len(rows)) if cfg.distill.lopd.teacher_prefix_cache else 0.0,
              "embedding_parameters": base.get_input_embeddings().weight.numel(),
              "encoder_tokens": float(encoder_tokens), "student_tokens": float(sum(r.n_tokens for r in rows))}
     return step, facts
@@ -236,11 +242,12 @@ def main() -> None:
     # Work-based matmul count with N_lin = N − V·d (the embedding lookup is no matmul; the tied LM head runs only at
     # supervised positions): teacher phase = encoder fwd + teacher fwd (2N_lin each) + φ0 anchor encoder fwd (2N_lin);
     # student phase = fwd + backward to the inputs (LoRA: no full weight gradients) = 4N_lin; composer phase =
-    # encoder and teacher fwd + bwd = 4N_lin each. LM head: 5 passes of 2·V·d per supervised token. Attention
-    # score FLOPs are left out, so this undercounts slightly.
+    # encoder fwd + bwd (4N_lin) and teacher fwd + bwd from the latent span on (4N_lin; the prefix before the span
+    # is cached). LM head: 5 passes of 2·V·d per supervised token. Attention scores are left out (an undercount).
     n_lin, head = n - lopd["embedding_parameters"], lopd["embedding_parameters"]
-    work_flops = (n_lin * (8 * lopd["encoder_tokens"] + 6 * lopd["teacher_tokens"] + 4 * lopd["student_tokens"])
-                  + 10 * head * lopd["supervised_tokens"])
+    composer_teacher = lopd["teacher_tokens"] - lopd["teacher_prefix_tokens"]
+    work_flops = (n_lin * (8 * lopd["encoder_tokens"] + 2 * lopd["teacher_tokens"] + 4 * composer_teacher
+                           + 4 * lopd["student_tokens"]) + 10 * head * lopd["supervised_tokens"])
     summary = {
         "sizes": size, "model": args.model, "matmul_peak_flops": peak,
         "lopd_step": lopd, "lopd_step_reuse_teacher_forward": lopd_reuse,

@@ -297,3 +297,18 @@ def test_full_fine_tune_student_keeps_a_frozen_teacher(tiny_tokenizer, models_di
     lora_policies, _ = build(lora_cfg, models_dir, phi0=False)
     with pytest.raises(ValueError, match="model.student"):
         lora_policies.load_student(tmp_path / "student")
+
+
+def test_micro_batches_give_the_same_step_as_the_whole_batch(tiny_tokenizer, models_dir):
+    rows, tasks, retrieved = toy_rollouts(tiny_tokenizer)
+    runs = []
+    for micro_batch in (0, 1):
+        cfg = smoke(**{"distill.micro_batch": micro_batch, "distill.lopd.lr_composer": 1e-3, "distill.lr_student": 1e-3})
+        policies, composer = build(cfg, models_dir)
+        algo = LOPD(cfg.distill, policies, composer)
+        runs.append([algo.step(StepInputs(step=s, trajectories=rows, tasks=tasks, retrieved=retrieved)) for s in range(2)])
+    assert runs[1][0]["distill/micro_batches"] == 2 and runs[0][0]["distill/micro_batches"] == 1
+    for a, b in zip(*runs, strict=True):
+        for key in ("distill/kl_topk", "distill/composer_kl", "distill/privilege_delta", "distill/margin_delta",
+                    "distill/beta", "distill/anchor", "distill/composer_grad_norm", "distill/student_grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), key

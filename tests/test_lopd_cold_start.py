@@ -85,3 +85,17 @@ def test_cold_start_step_is_the_same_with_gradient_checkpointing(tiny_tokenizer,
         trainer = ColdStart(cfg.distill, policies, composer)
         nll.append([trainer.step(examples[:2])["cold_start/nll"] for _ in range(2)])
     assert nll[0] == pytest.approx(nll[1], rel=1e-5)
+
+
+def test_cold_start_micro_batches_give_the_same_step(tiny_tokenizer, models_dir):
+    rows, retriever = bank(tiny_tokenizer)
+    nll = []
+    for micro_batch in (0, 1):
+        cfg = load_config("smoke").with_overrides({"distill.micro_batch": micro_batch, "distill.lopd.cold_start.lr": 3e-3})
+        torch.manual_seed(0)
+        policies = build_policy_set(cfg.model, cfg.distill.lopd, models_dir, device="cpu")
+        composer = new_composer_state(policies, cfg.distill.lopd)
+        examples, _ = cold_start_examples(rows, retriever, n_retrieved=1, exclude_same_task=True)
+        trainer = ColdStart(cfg.distill, policies, composer)
+        nll.append([trainer.step(examples[:3])["cold_start/nll"] for _ in range(2)])
+    assert nll[0] == pytest.approx(nll[1], rel=1e-5)

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lopd_core import losses
 from lopd_core.algorithms.base import Timer, gather_tokens
-from lopd_core.algorithms.batch import teacher_batch, to_padded
+from lopd_core.algorithms.batch import teacher_batch
 from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prefix
 from lopd_core.memory.base import Experience, RetrievalQuery, Retriever
 from lopd_core.models.composer import ComposerPair, ComposerState
@@ -82,10 +81,8 @@ class ColdStart:
             [{"params": self.lora_params}, {"params": self.compressor_params}], lr=self.cold.lr,
             weight_decay=cfg.weight_decay)
 
-    def step(self, examples: list[ColdStartExample]) -> dict[str, float]:
-        policies, tok, k = self.policies, self.policies.tokenizer, self.lopd.n_latents
-        timer = Timer()
-        rows = [e.trajectory for e in examples]
+    def _micro_batch(self, examples: list[ColdStartExample]):
+        tok, k = self.policies.tokenizer, self.lopd.n_latents
         prompts, pairs, pair_rows = [], [], []
         for ex in examples:
             traj, exps = ex.trajectory, ex.experiences[: self.lopd.n_retrieved]
@@ -96,29 +93,42 @@ class ColdStart:
                                          n_latents=len(exps) * k, placeholder_id=tok.pad_token_id))
             pair_rows.append(list(range(len(pairs), len(pairs) + len(exps))))
             pairs.extend(ComposerPair(traj.task_id, traj.instruction, e) for e in exps)
-        batch = teacher_batch(rows, prompts, pad_id=tok.pad_token_id, device=policies.device)
-        targets = batch.target_ids[batch.mask.bool()]
+        batch = teacher_batch([e.trajectory for e in examples], prompts, pad_id=tok.pad_token_id,
+                              device=self.policies.device)
+        return batch, pairs, pair_rows
 
-        with timer("forward"):
-            policies.train_mode(True)
-            prefix = teacher_prefix(policies, batch) if self.lopd.teacher_prefix_cache else None
-            teacher_lp, latents = latent_teacher_logprobs(policies, self.composer, batch, pairs, pair_rows,
-                                                          max_tokens=self.lopd.experience_max_tokens,
-                                                          micro_batch=self.lopd.encoder_micro_batch, prefix=prefix)
-            token_lp = to_padded(gather_tokens(teacher_lp, targets), batch.mask)
-            nll = -losses.global_token_mean(token_lp, batch.mask)
+    def step(self, examples: list[ColdStartExample]) -> dict[str, float]:
+        policies, timer = self.policies, Timer()
+        size = self.cfg.micro_batch or len(examples)
+        parts = [self._micro_batch(examples[i:i + size]) for i in range(0, len(examples), size)]
+        n_tokens = sum(batch.n_tokens for batch, _, _ in parts)
+        nll, latent_sq, latent_values, positions = 0.0, 0.0, 0, 0
+        policies.train_mode(True)
+        for batch, pairs, pair_rows in parts:  # Σ over micro-batches of (their NLL sum / all tokens): the global mean
+            with timer("forward"):
+                prefix = teacher_prefix(policies, batch) if self.lopd.teacher_prefix_cache else None
+                teacher_lp, latents = latent_teacher_logprobs(policies, self.composer, batch, pairs, pair_rows,
+                                                              max_tokens=self.lopd.experience_max_tokens,
+                                                              micro_batch=self.lopd.encoder_micro_batch, prefix=prefix)
+                loss = -gather_tokens(teacher_lp, batch.target_ids[batch.mask.bool()]).sum() / n_tokens
+            with timer("backward"), policies.composer_backward(latents):
+                loss.backward()
+            nll += float(loss.detach())
+            latent_sq += float(latents.detach().pow(2).sum())
+            latent_values += latents.numel()
+            positions += batch.n_positions
+            del teacher_lp, latents, loss
         with timer("backward"):
-            with policies.composer_backward(latents):
-                nll.backward()
             norm_compressor = float(torch.nn.utils.clip_grad_norm_(self.compressor_params, self.cold.grad_clip_compressor))
             norm_lora = float(torch.nn.utils.clip_grad_norm_(self.lora_params, self.cold.grad_clip_lora))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            policies.train_mode(False)
-        return {"cold_start/nll": float(nll.detach()), "cold_start/grad_norm_compressor": norm_compressor,
-                "cold_start/grad_norm_lora": norm_lora, "cold_start/supervised_tokens": float(batch.n_tokens),
-                "cold_start/latent_rms": float(latents.detach().pow(2).mean().sqrt()),
-                "cold_start/tokens_per_s": (batch.n_tokens + batch.n_positions) / max(timer.total(), 1e-9),
+        policies.train_mode(False)
+        return {"cold_start/nll": nll, "cold_start/grad_norm_compressor": norm_compressor,
+                "cold_start/grad_norm_lora": norm_lora, "cold_start/supervised_tokens": float(n_tokens),
+                "cold_start/latent_rms": (latent_sq / max(latent_values, 1)) ** 0.5,
+                "cold_start/micro_batches": float(len(parts)),
+                "cold_start/tokens_per_s": (n_tokens + positions) / max(timer.total(), 1e-9),
                 "cold_start/time_s": timer.total()}
 
 

@@ -138,6 +138,27 @@ def composer_parameters(policies: PolicySet, composer: ComposerState) -> list[to
     return [*policies.adapter_parameters(ENCODER), *composer.compressor.parameters()]
 
 
+@dataclass
+class _Chunk:
+    """One micro-batch of rollouts and what each phase leaves for the next (all detached, except ``teacher_lp``
+    and ``latents`` when the teacher forward is reused)."""
+
+    t_batch: SequenceBatch
+    s_batch: SequenceBatch
+    pairs: list[ComposerPair]
+    pair_rows: list[list[int]]
+    rewards: Tensor
+    targets: Tensor
+    prefix: TeacherPrefix | None = None
+    teacher_topm_logprobs: Tensor | None = None
+    teacher_topm_ids: Tensor | None = None
+    teacher_token_lp: Tensor | None = None
+    teacher_lp: Tensor | None = None
+    latents: Tensor | None = None
+    student_topm_old: Tensor | None = None
+    student_token_old: Tensor | None = None
+
+
 class LOPD:
     """The LOPD method behind the :class:`~lopd_core.algorithms.base.Algorithm` interface."""
 
@@ -184,6 +205,21 @@ class LOPD:
                                        max_tokens=self.lopd.experience_max_tokens,
                                        micro_batch=self.lopd.encoder_micro_batch, prefix=prefix)
 
+    def _chunks(self, rows, tasks, experiences) -> list[_Chunk]:
+        """Micro-batches of ``distill.micro_batch`` rollouts, each with its own teacher and student tensors."""
+        pad, device = self.policies.tokenizer.pad_token_id, self.policies.device
+        size = self.cfg.micro_batch or len(rows)
+        chunks = []
+        for start in range(0, len(rows), size):
+            part = slice(start, start + size)
+            prompts, pairs, pair_rows = self._prompts_and_pairs(rows[part], tasks[part], experiences[part])
+            t_batch = teacher_batch(rows[part], prompts, pad_id=pad, device=device)
+            s_batch = student_batch(rows[part], pad_id=pad, device=device)
+            chunks.append(_Chunk(t_batch=t_batch, s_batch=s_batch, pairs=pairs, pair_rows=pair_rows,
+                                 rewards=rewards_tensor(rows[part], device),
+                                 targets=s_batch.target_ids[s_batch.mask.bool()]))
+        return chunks
+
     def step(self, inputs: StepInputs) -> dict[str, Any]:
         cfg, lopd, policies = self.cfg, self.lopd, self.policies
         timer = Timer()
@@ -194,45 +230,44 @@ class LOPD:
         if not chosen:
             return {**metrics, "distill/updated": 0.0, "distill/beta": self.beta}
         rows = [inputs.trajectories[i] for i in chosen]
-        tasks = [inputs.tasks[i] for i in chosen]
         experiences = [inputs.retrieved[i][: lopd.n_retrieved] for i in chosen]
-        prompts, pairs, pair_rows = self._prompts_and_pairs(rows, tasks, experiences)
-        pad = policies.tokenizer.pad_token_id
-        t_batch = teacher_batch(rows, prompts, pad_id=pad, device=policies.device)
-        s_batch = student_batch(rows, pad_id=pad, device=policies.device)
-        mask, targets_flat = s_batch.mask, s_batch.target_ids[s_batch.mask.bool()]
-        rewards = rewards_tensor(rows, policies.device)
-        fused = lopd.reuse_teacher_forward and self.composer_trainable
+        chunks = self._chunks(rows, [inputs.tasks[i] for i in chosen], experiences)
+        n_tokens = sum(c.s_batch.n_tokens for c in chunks)
+        # reusing the teacher forward keeps its graph through the student phase: only without micro-batches
+        fused = lopd.reuse_teacher_forward and self.composer_trainable and len(chunks) == 1
 
         # --- teacher phase: top-M ids and log-probs at every supervised position (no grad) -------------
         with timer("teacher"):
             policies.train_mode(fused)
-            prefix = teacher_prefix(policies, t_batch) if self.uses_latents and lopd.teacher_prefix_cache else None
-            with torch.set_grad_enabled(fused):
-                teacher_lp, latents = self._teacher(t_batch, pairs, pair_rows, prefix)
-            teacher_topm_logprobs, teacher_topm_ids = teacher_lp.detach().topk(cfg.top_m, dim=-1)
-            teacher_token_lp = gather_tokens(teacher_lp.detach(), targets_flat)
-            if not fused:  # only the top-M survives the teacher phase; the [N, V] log-probs are freed here
-                teacher_lp = latents = None
+            for c in chunks:
+                c.prefix = teacher_prefix(policies, c.t_batch) if self.uses_latents and lopd.teacher_prefix_cache else None
+                with torch.set_grad_enabled(fused):
+                    teacher_lp, latents = self._teacher(c.t_batch, c.pairs, c.pair_rows, c.prefix)
+                c.teacher_topm_logprobs, c.teacher_topm_ids = teacher_lp.detach().topk(cfg.top_m, dim=-1)
+                c.teacher_token_lp = gather_tokens(teacher_lp.detach(), c.targets)
+                if fused:  # otherwise only the top-M survives the teacher phase; the [N, V] log-probs are freed
+                    c.teacher_lp, c.latents = teacher_lp, latents
+                del teacher_lp, latents
 
         # --- student phase: top-M + tail reverse KL, global token mean, one optimizer step -------------
         with timer("student"):
             policies.train_mode(True)
-            s_lp = student_logprobs(policies, s_batch)
-            student_topm = s_lp.gather(-1, teacher_topm_ids)
-            kl = losses.topm_tail_reverse_kl(student_topm, teacher_topm_logprobs, grad_to="student")
-            student_loss = losses.global_token_mean(to_padded(kl, mask), mask)
-            student_loss.backward()
+            student_loss = 0.0
+            for c in chunks:  # Σ over micro-batches of (their KL sum / all supervised tokens): the global mean
+                s_lp = student_logprobs(policies, c.s_batch)
+                student_topm = s_lp.gather(-1, c.teacher_topm_ids)
+                kl = losses.topm_tail_reverse_kl(student_topm, c.teacher_topm_logprobs, grad_to="student")
+                loss = kl.sum() / n_tokens
+                loss.backward()
+                student_loss += float(loss.detach())
+                c.student_topm_old = student_topm.detach()
+                c.student_token_old = gather_tokens(s_lp.detach(), c.targets)
+                del s_lp, student_topm, kl, loss
             student_grad_norm = clip_and_step(policies.student_parameters(), self.student_optimizer, max_norm=cfg.grad_clip)
-            student_topm_old = student_topm.detach()
-            student_token_old = gather_tokens(s_lp.detach(), targets_flat)
-            del s_lp, student_topm, kl
 
         # --- composer phase: KL on the same ids + β(m − Δ) + λ·anchor, one optimizer step on φ ------------
         with timer("composer"):
-            composer_metrics = self._composer_phase(t_batch, pairs, pair_rows, prefix, fused, teacher_lp, latents,
-                                                    teacher_topm_ids, teacher_token_lp, student_topm_old,
-                                                    student_token_old, targets_flat, rewards, mask)
+            composer_metrics = self._composer_phase(chunks, n_rollouts=len(rows), fused=fused)
         policies.train_mode(False)
 
         # --- dual step on β (Δ̂ from the composer-phase forward, before the φ step) --------------------
@@ -240,61 +275,73 @@ class LOPD:
             self.composer.beta = losses.dual_ascent(self.composer.beta, composer_metrics["distill/privilege_delta"],
                                                     margin=lopd.margin, lr=lopd.dual_lr)
 
-        teacher_tail = 1.0 - teacher_topm_logprobs.exp().sum(-1)
+        tail = sum(float((1.0 - c.teacher_topm_logprobs.exp().sum(-1)).sum()) for c in chunks) / max(n_tokens, 1)
         seconds = timer.total()
         return {
             **metrics, **composer_metrics,
             "distill/updated": 1.0,
-            "distill/kl_topk": _scalar(student_loss),
+            "distill/kl_topk": student_loss,
             "distill/student_grad_norm": student_grad_norm,
             "distill/beta": self.beta,
-            "distill/supervised_tokens": float(s_batch.n_tokens),
-            "distill/teacher_tokens": float(t_batch.n_positions),
-            "distill/teacher_tail_mass": float(teacher_tail.mean()),
+            "distill/supervised_tokens": float(n_tokens),
+            "distill/teacher_tokens": float(sum(c.t_batch.n_positions for c in chunks)),
+            "distill/teacher_tail_mass": tail,
+            "distill/micro_batches": float(len(chunks)),
             "distill/mean_experiences": sum(map(len, experiences)) / len(experiences),
             "distill/time_teacher_s": timer.seconds.get("teacher", 0.0),
             "distill/time_student_s": timer.seconds.get("student", 0.0),
             "distill/time_composer_s": timer.seconds.get("composer", 0.0),
-            "distill/tokens_per_s": s_batch.n_tokens / max(seconds, 1e-9),
+            "distill/tokens_per_s": n_tokens / max(seconds, 1e-9),
         }
 
-    def _composer_phase(self, t_batch, pairs, pair_rows, prefix, fused, teacher_lp, latents, teacher_topm_ids,
-                        teacher_token_lp, student_topm_old, student_token_old, targets_flat, rewards,
-                        mask) -> dict[str, float]:
-        lopd = self.lopd
-        if not self.composer_trainable:  # frozen composer / text context: measure Δ, train nothing
-            delta = to_padded(losses.privilege_delta(teacher_token_lp, student_token_old), mask)
-            return {"distill/privilege_delta": float(losses.token_weighted_margin(delta, rewards, mask)),
-                    "distill/margin_delta": float(losses.outcome_signed_margin(delta, rewards, mask)),
-                    "distill/composer_updated": 0.0}
-        if not fused:
-            self.policies.train_mode(True)
-            teacher_lp, latents = self._teacher(t_batch, pairs, pair_rows, prefix)
-        teacher_topm = teacher_lp.gather(-1, teacher_topm_ids)
-        kl_tokens = losses.topm_tail_reverse_kl(student_topm_old, teacher_topm, grad_to="teacher")
-        kl_padded = to_padded(kl_tokens, mask)
-        composer_kl = losses.mean_over_rollouts(losses.rollout_token_mean(kl_padded, mask), mask)
-        delta = to_padded(losses.privilege_delta(gather_tokens(teacher_lp, targets_flat), student_token_old), mask)
-        margin_value = losses.outcome_signed_margin(delta, rewards, mask)
-        loss = composer_kl
-        if lopd.margin > 0:
-            loss = loss + self.composer.beta * (lopd.margin - margin_value)
-        anchor = torch.zeros((), device=loss.device)
-        if lopd.anchor_weight > 0 and self.composer.has_phi0:
-            anchor = losses.latent_anchor(latents, anchor_latents(self.policies, self.composer, pairs,
-                                                                  max_tokens=lopd.experience_max_tokens))
-            loss = loss + lopd.anchor_weight * anchor
-        margin_hat = float(losses.token_weighted_margin(delta, rewards, mask))
-        with self.policies.composer_backward(latents):
-            loss.backward()
-        params = composer_parameters(self.policies, self.composer)
-        grad_norm = clip_and_step(params, self.composer_optimizer, max_norm=self.cfg.grad_clip)
-        return {"distill/composer_kl": _scalar(composer_kl), "distill/privilege_delta": margin_hat,
-                "distill/margin_delta": _scalar(margin_value), "distill/anchor": _scalar(anchor),
-                "distill/composer_loss": _scalar(loss), "distill/composer_grad_norm": grad_norm,
-                "distill/latent_rms": float(latents.detach().pow(2).mean().sqrt()),
-                "distill/anchor_cache_size": float(len(self.composer.anchor_cache)),
-                "distill/composer_updated": 1.0}
+    def _composer_phase(self, chunks: list[_Chunk], *, n_rollouts: int, fused: bool) -> dict[str, float]:
+        """Per micro-batch: its share of the composer loss (each term is a sum over rollouts / all rollouts)."""
+        lopd, beta = self.lopd, self.beta
+        n_latent_values = sum(len(c.pairs) for c in chunks) * lopd.n_latents * (self.composer.compressor.spec.hidden_size
+                                                                            if self.composer is not None else 0)
+        totals = dict.fromkeys(("kl", "margin", "anchor", "loss", "weighted", "tokens", "latent_sq"), 0.0)
+        for c in chunks:
+            mask, advantage = c.s_batch.mask, losses.outcome_advantage(c.rewards)[:, None]
+            if not self.composer_trainable:  # frozen composer / text context: measure Δ, train nothing
+                delta = to_padded(losses.privilege_delta(c.teacher_token_lp, c.student_token_old), mask)
+            else:
+                teacher_lp, latents = c.teacher_lp, c.latents
+                if not fused:
+                    teacher_lp, latents = self._teacher(c.t_batch, c.pairs, c.pair_rows, c.prefix)
+                teacher_topm = teacher_lp.gather(-1, c.teacher_topm_ids)
+                kl_tokens = losses.topm_tail_reverse_kl(c.student_topm_old, teacher_topm, grad_to="teacher")
+                composer_kl = losses.rollout_token_mean(to_padded(kl_tokens, mask), mask).sum() / n_rollouts
+                delta = to_padded(losses.privilege_delta(gather_tokens(teacher_lp, c.targets), c.student_token_old), mask)
+                margin_part = losses.rollout_token_mean(delta * advantage, mask).sum() / n_rollouts
+                loss = composer_kl
+                if lopd.margin > 0:
+                    loss = loss + beta * (lopd.margin * mask.shape[0] / n_rollouts - margin_part)
+                anchor = torch.zeros((), device=loss.device)
+                if lopd.anchor_weight > 0 and self.composer.has_phi0:
+                    anchor_target = anchor_latents(self.policies, self.composer, c.pairs, max_tokens=lopd.experience_max_tokens)
+                    anchor = (latents - anchor_target.detach()).pow(2).sum() / n_latent_values
+                    loss = loss + lopd.anchor_weight * anchor
+                with self.policies.composer_backward(latents):
+                    loss.backward()
+                totals["kl"] += _scalar(composer_kl)
+                totals["anchor"] += _scalar(anchor)
+                totals["loss"] += _scalar(loss)
+                totals["latent_sq"] += float(latents.detach().pow(2).sum())
+                c.teacher_lp = c.latents = None
+                del teacher_lp, latents, loss
+            totals["margin"] += float(losses.rollout_token_mean(delta.detach() * advantage, mask).sum()) / n_rollouts
+            totals["weighted"] += float((delta.detach() * advantage * mask).sum())
+            totals["tokens"] += float(mask.sum())
+        out = {"distill/privilege_delta": totals["weighted"] / max(totals["tokens"], 1.0),
+               "distill/margin_delta": totals["margin"], "distill/composer_updated": float(self.composer_trainable)}
+        if not self.composer_trainable:
+            return out
+        grad_norm = clip_and_step(composer_parameters(self.policies, self.composer), self.composer_optimizer,
+                                  max_norm=self.cfg.grad_clip)
+        return {**out, "distill/composer_kl": totals["kl"], "distill/anchor": totals["anchor"],
+                "distill/composer_loss": totals["loss"], "distill/composer_grad_norm": grad_norm,
+                "distill/latent_rms": (totals["latent_sq"] / max(n_latent_values, 1)) ** 0.5,
+                "distill/anchor_cache_size": float(len(self.composer.anchor_cache))}
 
     # ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

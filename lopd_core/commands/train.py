@@ -107,10 +107,15 @@ def distill(
                                                  f", {bank_size} experiences"), highlight=False)
 
     cold = None
+    if cold_start and not needs_composer(cfg):
+        err.print(f"--cold-start ignored: method '{cfg.distill.method}' (context '{cfg.distill.lopd.context}') "
+                  "has no composer", highlight=False)
     if cold_start and needs_composer(cfg):
+        threshold = (cfg.curation.success_threshold_code if suite_obj.kind == "code"
+                     else cfg.curation.success_threshold_tool)
         try:
             cold = run_cold_start(cfg, retriever=retriever, out_dir=run_dir / "cold_start" / "composer",
-                                  trajectories=cold_trajectories, policies=policies,
+                                  trajectories=cold_trajectories, policies=policies, success_threshold=threshold,
                                   logger=JsonlLogger(run_dir / "cold_start" / "metrics.jsonl"))
         except ValueError as e:
             fail(f"cold start: {e}")
