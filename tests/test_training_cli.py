@@ -32,7 +32,9 @@ def test_distill_grpo_one_step_json(tmp_path, models_dir):
 
 
 def test_cold_start_without_successes_fails_with_the_fix(tmp_path, models_dir):
-    res = lopd("distill", "--profile", "smoke", "--cold-start", "--steps", "1", home=tmp_path, models_dir=models_dir)
+    # the smoke profile counts every finished episode as a success (threshold 0); the real threshold finds none
+    res = lopd("distill", "--profile", "smoke", "--cold-start", "--steps", "1", "--set",
+               "curation.success_threshold_tool=0.8", home=tmp_path, models_dir=models_dir)
     assert res.returncode == 1
     message = " ".join(res.stderr.split())  # the console wraps long lines
     assert "cold start" in message and "seed more rollouts into the experience bank" in message
