@@ -143,5 +143,5 @@ DOMAIN = Domain(
                 {"account_id": "A1234", "owner": "Sam Lee"}, "Sam Lee's account is A1234."),
            Shot("Kim Ray's account id, please?", ("find_account", {"owner": "Kim Ray"}),
                 {"account_id": "B7777", "owner": "Kim Ray"}, "Kim Ray's account id is B7777.")],
-    kinds={1: [balance_by_id], 2: [balance_by_owner, account_of], 3: [pay_by_names], 4: [pay_then_report]},
+    kinds={1: [balance_by_id, account_of], 2: [balance_by_owner], 3: [pay_by_names], 4: [pay_then_report]},
 )

@@ -203,6 +203,6 @@ DOMAIN = Domain(
                 "Sam Lee has two orders: A1234 (processing) and B7777 (delivered)."),
            Shot("Any orders for Kim Ray?", ("list_orders", {"customer": "Kim Ray"}),
                 [{"order_id": "C5555", "placed": "2026-02-11", "status": "shipped"}], "Kim Ray has one order, C5555 (shipped).")],
-    kinds={1: [order_status, order_total], 2: [latest_product, cancel_open, count_orders], 3: [readdress_open],
+    kinds={1: [order_status, order_total, count_orders], 2: [latest_product, cancel_open], 3: [readdress_open],
            4: [cancel_all_open]},
 )

@@ -126,5 +126,5 @@ DOMAIN = Domain(
                 {"value": 50.0, "unit": "F"}, "10 °C is 50 °F."),
            Shot("And 68 °F in Celsius?", ("convert_temperature", {"value": 68.0, "to_unit": "C"}),
                 {"value": 20.0, "unit": "C"}, "68 °F is 20 °C.")],
-    kinds={1: [temp_celsius, condition], 2: [temp_fahrenheit, convert_only], 3: [warmer_of_two], 4: [warmest_of_three]},
+    kinds={1: [temp_celsius, condition, convert_only], 2: [temp_fahrenheit], 3: [warmer_of_two], 4: [warmest_of_three]},
 )
