@@ -40,7 +40,12 @@ def test_engine_protocol_and_factory(tiny_model, tiny_tokenizer, tiny_model_path
     with pytest.raises(ValueError, match="unknown engine 'sglang'"):
         make_engine("sglang", tiny_model, tiny_tokenizer)
     with pytest.raises(ValueError, match="model_path"):
-        make_engine("vllm", tiny_model, tiny_tokenizer)
+        make_engine("vllm", None, tiny_tokenizer)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:  # the main environment: the error says where vLLM lives
+        with pytest.raises(ImportError, match="make test-vllm"):
+            make_engine("vllm", tiny_model, tiny_tokenizer)  # model_path defaults to the folder it came from
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         engine.generate([[1], []], GREEDY)
 

@@ -1,10 +1,141 @@
-"""`lopd rollout`."""
+"""`lopd rollout`: play N episodes of a task suite with a model and an engine; report and optionally save them.
+
+Every option overrides the matching config field (``--suite`` → ``rollout.suite``, ``--model`` →
+``model.base``, ``--n`` → ``rollout.n_tasks``, ``--engine`` → ``rollout.engine``, ``--level`` →
+``rollout.level``, ``--seed`` → ``rollout.seed``), so ``--profile``/``--set`` and the options compose. The
+trajectories are the exact records the trainer consumes (:class:`lopd_core.rollout.trajectory.Trajectory`);
+``--out DIR`` writes them as JSONL plus a summary JSON, under a new file name each run (nothing is
+overwritten). Sampling uses the rollout config (temperature, top-p, top-k, max new tokens, seed).
+"""
 
 from __future__ import annotations
 
-from lopd_core.commands.common import Overrides, Profile, not_built
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
 
 
-def rollout(profile: Profile = "demo", set_: Overrides = None):
-    """Generate episodes on a task suite and print success rate, reward and tokens/s."""
-    not_built("rollout")
+def _config(profile, set_, **fields):
+    from lopd_core.config import ConfigError
+
+    cfg = load(profile, set_)
+    extra = {k: v for k, v in fields.items() if v is not None}
+    try:
+        return cfg.with_overrides(extra) if extra else cfg
+    except ConfigError as e:
+        fail(str(e), code=2)
+
+
+def _build_engine(cfg, model_path: Path, tokenizer):
+    from lopd_core.models.loading import load_causal_lm
+    from lopd_core.rollout.engines import make_engine
+
+    name, m = cfg.rollout.engine, cfg.model
+    if name == "hf":
+        model = load_causal_lm(model_path, dtype=m.dtype, device=m.device)
+        return make_engine("hf", model, tokenizer, batch_size=cfg.rollout.batch_size)
+    try:
+        return make_engine("vllm", None, tokenizer, batch_size=cfg.rollout.batch_size, dtype=m.dtype, device=m.device,
+                           model_path=model_path, max_model_len=cfg.rollout.max_trajectory_tokens + 16)
+    except ImportError as e:
+        fail(str(e))
+
+
+def write_jsonl_atomic(path: Path, rows: list[str]) -> None:
+    """Write lines to ``path`` through a temporary file and a rename (no half-written file on a crash)."""
+    tmp = path.with_name(path.name + f".{os.getpid()}.partial")
+    with tmp.open("w") as f:
+        for row in rows:
+            f.write(row + "\n")
+    tmp.replace(path)
+
+
+def _save(out_dir: Path, stem: str, trajectories, summary: dict) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stem}.jsonl"
+    counter = 1
+    while path.exists() or path.with_suffix(".summary.json").exists():
+        counter += 1
+        path = out_dir / f"{stem}-{counter}.jsonl"
+    write_jsonl_atomic(path, [t.to_json() for t in trajectories])
+    path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return path
+
+
+def rollout(
+    suite: Annotated[str | None, typer.Option(help="Task suite or plug-in YAML path (overrides rollout.suite).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name or local folder (overrides model.base).")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Episodes to play (overrides rollout.n_tasks).")] = None,
+    engine: Annotated[str | None, typer.Option(help="hf or vllm (overrides rollout.engine).")] = None,
+    split: Annotated[str, typer.Option(help="train or test tasks.")] = "train",
+    level: Annotated[int | None, typer.Option(help="Difficulty level (overrides rollout.level).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Task and sampling seed (overrides rollout.seed).")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write the trajectories as JSONL into this directory.")] = None,
+    profile: Profile = "demo",
+    set_: Overrides = None,
+    as_json: JsonFlag = False,
+):
+    """Generate episodes on a task suite and print success rate, mean reward and generated tokens/s."""
+    from lopd_core.envs import get_suite
+    from lopd_core.models.loading import ModelNotFoundError, load_tokenizer, resolve_model_path
+    from lopd_core.rollout.agent import run_episodes, summarize_trajectories
+    from lopd_core.rollout.engines.base import SamplingParams
+
+    if split not in ("train", "test"):
+        fail(f"--split must be 'train' or 'test' (got {split!r})", code=2)
+    cfg = _config(profile, set_, **{"rollout.suite": suite, "model.base": model, "rollout.n_tasks": n,
+                                    "rollout.engine": engine, "rollout.level": level, "rollout.seed": seed})
+    ws = workspace(cfg)
+    r = cfg.rollout
+    try:
+        suite_obj = get_suite(r.suite)
+        tasks = suite_obj.tasks(split, r.n_tasks, level=r.level, seed=r.seed)
+    except (ValueError, FileNotFoundError) as e:
+        fail(f"suite {r.suite!r}: {e}")
+    if not tasks:
+        fail(f"suite {r.suite!r} produced no {split} tasks at level {r.level}")
+    try:
+        model_path = resolve_model_path(cfg.model.base, ws.models_dir)
+        tokenizer = load_tokenizer(model_path)
+    except (ModelNotFoundError, ValueError) as e:
+        fail(str(e))
+    err.print(f"{len(tasks)} {split} episodes of {suite_obj.name} (level {r.level}) with {cfg.model.base} "
+              f"on the {r.engine} engine", highlight=False)
+    engine_obj = _build_engine(cfg, model_path, tokenizer)
+
+    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+                              seed=r.seed)
+    start = time.perf_counter()
+    trajectories = run_episodes(engine_obj, tokenizer, suite_obj, tasks, max_turns=r.max_turns,
+                                max_trajectory_tokens=r.max_trajectory_tokens, sampling=sampling,
+                                observation_max_chars=r.observation_max_chars, progress=True)
+    metrics = summarize_trajectories(trajectories, wall_s=time.perf_counter() - start)
+    summary = {"suite": suite_obj.name, "split": split, "level": r.level, "engine": r.engine,
+               "model": cfg.model.base, "seed": r.seed, "sampling": sampling.to_dict(), **metrics}
+    if out_dir is not None:
+        stem = f"rollout-{suite_obj.name}-{split}-l{r.level}-{r.engine}-{time.strftime('%Y%m%d-%H%M%S')}"
+        summary["out"] = str(_save(out_dir, stem, trajectories, summary))
+    errors = [t for t in trajectories if t.status == "error"]
+    for t in errors[:3]:
+        err.print(f"[yellow]episode {t.task_id} errored:[/yellow] {t.error}", highlight=False)
+
+    if as_json:
+        emit_json(summary)
+        return
+    out.print(f"suite {summary['suite']} ({split}, level {r.level}), {len(trajectories)} episodes, engine {r.engine}",
+              highlight=False)
+    out.print(f"  success rate          {metrics['rollout/success_rate']:.3f}", highlight=False)
+    out.print(f"  mean reward           {metrics['rollout/mean_reward']:.3f}", highlight=False)
+    out.print(f"  generated tokens/s    {metrics['rollout/generated_tokens_per_s']:.1f} "
+              f"({metrics['rollout/generated_tokens']} tokens in {metrics['rollout/generate_s']:.1f} s of generation, "
+              f"{metrics['rollout/wall_s']:.1f} s wall)", highlight=False)
+    out.print(f"  status ok/truncated/error  {metrics['rollout/status_ok']}/{metrics['rollout/status_truncated']}/"
+              f"{metrics['rollout/status_error']}", highlight=False)
+    if "out" in summary:
+        out.print(f"  trajectories          {summary['out']}", highlight=False)

@@ -23,7 +23,8 @@ def make_engine(name: str, model: Any = None, tokenizer: Any = None, *, batch_si
 
     ``hf`` generates with ``model`` (loaded from ``model_path`` with ``dtype``/``device`` when None) and
     ``tokenizer`` (loaded from ``model_path`` when None). ``vllm`` loads the base weights from
-    ``model_path`` itself; a peft ``model`` given here is synced into it at once (see
+    ``model_path`` itself (default: the folder ``model``, or its peft base, was loaded from); a peft
+    ``model`` given here is synced into it at once (see
     :meth:`lopd_core.rollout.engines.vllm.VLLMEngine.update_policy`). Extra keyword arguments go to the
     engine class (e.g. ``policy_sync``, ``max_model_len``, ``enable_prompt_embeds`` for vllm).
     """
@@ -39,9 +40,14 @@ def make_engine(name: str, model: Any = None, tokenizer: Any = None, *, batch_si
             tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
         return HFEngine(model, tokenizer, batch_size=batch_size, policy_version=policy_version, **engine_kwargs)
     if name == "vllm":
+        from lopd_core.rollout.engines.vllm import VLLMEngine, _is_peft
+
+        if model_path is None and model is not None:  # the folder the (base of the) student was loaded from
+            base = model.get_base_model() if _is_peft(model) else model
+            candidate = getattr(base, "name_or_path", "") or ""
+            model_path = candidate if candidate and (Path(candidate) / "config.json").exists() else None
         if model_path is None:
             raise ValueError("the vllm engine loads the base model itself: pass model_path (a Hugging Face model folder)")
-        from lopd_core.rollout.engines.vllm import VLLMEngine, _is_peft
 
         vllm_dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(dtype, "auto")
         engine = VLLMEngine(model_path, batch_size=batch_size, dtype=vllm_dtype, device=device,
