@@ -3,7 +3,7 @@
 What the step really is (lopd-method.md, "One training step" and "Objectives"):
 
 1. Teacher phase (no grad): the frozen base with the current composer's J·K latents injected into the
-   first user message scores every supervised token; keep its top-M ids and log-probs (M = distill.top_m).
+   task's user message scores every supervised token; keep its top-M ids and log-probs (M = distill.top_m).
 2. Student phase: the student on the plain trajectory; loss = top-M + tail reverse KL(p̃^S ‖ p̃^T) summed
    over supervised tokens / supervised tokens in the batch (global token mean); the teacher is a constant;
    one AdamW step (clip 1.0). The pre-update student's top-M and sampled-token log-probs are kept, detached.

@@ -3,7 +3,7 @@
 What it is: B/G tasks × G rollouts per step. The teacher is an exponential moving average of the student
 (rate ``distill.sdpo.ema_rate`` = 0.05, updated after every student step; a LoRA student keeps the EMA as
 the adapter ``student_ema`` on the shared base, a full student as a frozen copy). The teacher's privileged
-context, as text in the first user message: a successful *sibling* rollout of the same group plus the
+context, as text in the task's user message: a successful *sibling* rollout of the same group plus the
 environment's feedback on the sample — never the sample itself; a sample with no successful sibling and
 no feedback gets no loss. Loss per supervised token: reverse KL(p̃^S ‖ p̃^T) on the student's top-K ids
 (K = ``distill.sdpo.top_k``) + a tail bucket, times the importance weight ``min(p^S(a)/μ(a), 2.0)`` for

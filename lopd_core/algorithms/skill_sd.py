@@ -10,7 +10,7 @@ What it is (reconstructed: the Skill-SD paper's exact loss was not available, se
 - per task one skill chosen by UCB1 (c = √2) among the skills of the task's retrieved experiences; an arm's
   reward is ``(1 + tanh Δ)/2`` where Δ is the outcome-signed privilege of the skill-conditioned teacher on
   that task's group (does the skill make the teacher favour the successful rollouts' tokens?);
-- teacher = the live student under ``no_grad`` with the skill as text in the first user message;
+- teacher = the live student under ``no_grad`` with the skill as text in the task's user message;
 - loss per supervised token = PPO-clip (clip-higher 0.2 / 0.28) + λ·IS-weighted sampled-token reverse KL
   to the teacher (λ = 0.001, ratio clip ``is_clip``), global token mean. Groups without a skill keep the
   PPO term only.

@@ -45,33 +45,39 @@ class TeacherPrompt:
     span_length: int = 0
 
 
-def _first_user_index(messages: list[dict[str, Any]]) -> int:
-    for i, message in enumerate(messages):
-        if message.get("role") == "user":
+def _task_message_index(messages: list[dict[str, Any]]) -> int:
+    """The user message that states the task: the LAST user message of the initial prompt.
+
+    The spec's "first user message" assumes a system + user prompt; suites that play worked examples as
+    earlier chat turns (toolworld's one-shot tool-call demonstrations) put the real task last, and the
+    teacher context belongs there, next to the task, not next to a demonstration.
+    """
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "user":
             return i
     raise ValueError("the trajectory's initial messages contain no user message to put the teacher context in "
-                     "(expected system + first user message, see Trajectory.initial_messages)")
+                     "(expected system + user message(s), see Trajectory.initial_messages)")
 
 
-def _with_first_user_content(messages: list[dict[str, Any]], build) -> list[dict[str, Any]]:
-    i = _first_user_index(messages)
+def _with_task_message_content(messages: list[dict[str, Any]], build) -> list[dict[str, Any]]:
+    i = _task_message_index(messages)
     original = messages[i].get("content") or ""
     if not isinstance(original, str):
-        raise ValueError(f"message {i} (first user message) has non-text content of type {type(original).__name__}; "
+        raise ValueError(f"message {i} (the task's user message) has non-text content of type {type(original).__name__}; "
                          "teacher prompts need plain text content")
     return [*messages[:i], {**messages[i], "content": build(original)}, *messages[i + 1:]]
 
 
 def latent_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
                   n_latents: int, placeholder_id: int) -> TeacherPrompt:
-    """The initial prompt with ``n_latents`` placeholder positions inside framing text in the first user message.
+    """The initial prompt with ``n_latents`` placeholder positions inside framing text in the task's user message.
 
     ``placeholder_id`` only fills the span (its embeddings are replaced); any id works because the span
     is known by position.
     """
     if n_latents < 1:
         raise ValueError(f"n_latents must be ≥ 1 for a latent prompt, got {n_latents}")
-    probe = _with_first_user_content(
+    probe = _with_task_message_content(
         messages, lambda original: f"{LATENT_FRAMING_BEFORE}{SENTINEL}{LATENT_FRAMING_AFTER}{original}")
     text = render_text(tokenizer, probe, tools)
     if text.count(SENTINEL) != 1:
@@ -87,7 +93,7 @@ def text_context_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[d
                         context: str, *, framing_before: str = TEXT_FRAMING_BEFORE,
                         framing_after: str = LATENT_FRAMING_AFTER) -> TeacherPrompt:
     """The initial prompt with privileged ``context`` as text where the latent span would be."""
-    modified = _with_first_user_content(messages, lambda original: f"{framing_before}{context}{framing_after}{original}")
+    modified = _with_task_message_content(messages, lambda original: f"{framing_before}{context}{framing_after}{original}")
     return TeacherPrompt(ids=encode(tokenizer, render_text(tokenizer, modified, tools)))
 
 
