@@ -1,10 +1,75 @@
-"""`lopd compare`: LOPD against the baselines under one rollout budget."""
+"""`lopd compare`: LOPD against the baselines under one rollout budget, with a report."""
 
 from __future__ import annotations
 
-from lopd_core.commands.common import Overrides, Profile, not_built
+import platform
+import shlex
+import sys
+from datetime import date
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
 
 
-def compare(profile: Profile = "demo", set_: Overrides = None):
-    """Compare LOPD against the baselines under one rollout budget."""
-    not_built("compare")
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _seeds_for(value: str) -> dict[str, int]:
+    out_ = {}
+    for item in _csv(value):
+        name, _, n = item.partition("=")
+        if not n.isdigit():
+            fail(f"--seeds-for expects name=count pairs like 'lopd=3,sdpo=1' (got {item!r})", code=2)
+        out_[name] = int(n)
+    return out_
+
+
+def compare(
+    suite: Annotated[str, typer.Option(help="Task suite.")] = "toolworld",
+    methods: Annotated[str, typer.Option(help="Comma-separated: lopd,grpo,opsd,sdpo,skill_sd,none.")] = "lopd,grpo,opsd,sdpo,skill_sd,none",
+    budget: Annotated[int, typer.Option(help="Training episodes per run (steps = budget / distill.tasks_per_step).")] = 160,
+    seeds: Annotated[int, typer.Option(help="Seeds per method (override per method with --seeds-for).")] = 1,
+    seeds_for: Annotated[str, typer.Option("--seeds-for", help="Per-method seeds, e.g. 'lopd=3,grpo=3'.")] = "",
+    ablations: Annotated[str, typer.Option(help="Comma-separated: lopd_frozen,lopd_m0,lopd_text,lopd_k8,lopd_k32,lopd_j1,lopd_j3.")] = "",
+    eval_every: Annotated[int, typer.Option(help="Evaluate every this many steps (default: evaluate.every_steps).")] = 0,
+    eval_tasks: Annotated[int, typer.Option(help="Held-out tasks per evaluation (default: evaluate.n_tasks).")] = 0,
+    seed_episodes: Annotated[int, typer.Option(help="Base-model episodes that seed the experience bank (default: rollout.n_tasks).")] = 0,
+    root: Annotated[Path | None, typer.Option(help="Work directory (default: <workspace>/compare/<suite>); reuse it to resume.")] = None,
+    report_dir: Annotated[Path | None, typer.Option(help="Where the report goes (default: reports/<suite>-<date>).")] = None,
+    profile: Profile = "demo",
+    set_: Overrides = None,
+    as_json: JsonFlag = False,
+):
+    """Compare LOPD against the baselines under one rollout budget (resumable); writes a Markdown + PNG report."""
+    from lopd_core.compare import run_comparison
+    from lopd_core.compare_report import budget_ratios, group_runs, write_report
+
+    cfg = load(profile, set_)
+    ws = workspace(cfg)
+    root = root or ws.home / "compare" / suite
+    report_dir = report_dir or Path("reports") / f"{suite}-{date.today().isoformat()}"
+    try:
+        result = run_comparison(cfg, suite=suite, methods=_csv(methods), budget=budget, seeds=seeds, root=root,
+                                ablations=_csv(ablations), seeds_by_method=_seeds_for(seeds_for),
+                                eval_every=eval_every or None, eval_tasks=eval_tasks or None,
+                                seed_episodes=seed_episodes or None,
+                                log=lambda m: err.print(m, highlight=False))
+    except (ValueError, RuntimeError) as e:
+        fail(str(e))
+    command = "lopd compare " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    machine = f"{platform.machine()}, {__import__('os').cpu_count()} CPU cores, {platform.python_version()}"
+    path = write_report(result, report_dir, machine=machine, command=command)
+    groups = group_runs(result["runs"])
+    summary = {"suite": suite, "report": str(path), "root": str(root), "budget": result["budget"],
+               "final_success": {n: [r["final_success"] for r in rs] for n, rs in groups.items()},
+               "budget_ratios": budget_ratios(groups)}
+    if as_json:
+        emit_json(summary)
+    else:
+        out.print(f"report: {path}")
+        for name, values in summary["final_success"].items():
+            out.print(f"  {name:14s} final held-out success {', '.join(f'{v:.3f}' for v in values)}")

@@ -1,0 +1,347 @@
+"""`lopd compare`: LOPD against the baselines (and its ablations) under one rollout budget, in one harness.
+
+Protocol (lopd-method.md, "Rollout budget accounting"):
+
+- every run starts from the same base model and gets the same training budget: ``distill.tasks_per_step``
+  episodes per step for ``budget // tasks_per_step`` steps (R tasks x 1 for LOPD/OPSD, R/G x G for the
+  group methods); every generated episode counts;
+- every run is scored on the same held-out tasks (test split, greedy) before training and every
+  ``evaluate.every_steps`` steps; the x axis is training episodes consumed;
+- the experience bank is built ONCE per suite from base-model rollouts on training tasks (curated and
+  indexed in LanceDB exactly as a cycle does) and pinned; its episodes are pre-training budget, reported
+  separately (curves with and without them); the composer cold start also runs once per suite and
+  latent shape (K), on that bank;
+- seeds vary the training task order, sampling and the student's LoRA initialisation (bank and cold start
+  are shared, so seeds measure training noise, not bank noise).
+
+Runs are executed one after another; each has its own MLflow run in the experiment ``compare-<suite>`` and
+its own training run directory (checkpoint every step), so an interrupted comparison resumes where it
+stopped: finished runs are skipped, an unfinished one resumes from its last checkpoint, evaluation points
+already measured are kept. The report (Markdown + PNG) is written by :mod:`lopd_core.compare_report`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+BASELINES = ("lopd", "grpo", "opsd", "sdpo", "skill_sd", "none")
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "lopd_frozen": {"distill.lopd.frozen_composer": True},
+    "lopd_m0": {"distill.lopd.margin": 0.0},
+    "lopd_text": {"distill.lopd.context": "text"},
+    "lopd_k8": {"distill.lopd.n_latents": 8},
+    "lopd_k32": {"distill.lopd.n_latents": 32},
+    "lopd_j1": {"distill.lopd.n_retrieved": 1},
+    "lopd_j3": {"distill.lopd.n_retrieved": 3},
+}
+
+
+@dataclass
+class RunSpec:
+    name: str
+    """Method or ablation name (``lopd``, ``grpo``, …, ``lopd_m0``)."""
+    seed: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}-s{self.seed}"
+
+    @property
+    def method(self) -> str:
+        return "lopd" if self.name.startswith("lopd") else self.name
+
+
+def run_specs(methods: list[str], seeds: int, *, ablations: list[str] | None = None, ablation_seeds: int = 1,
+              seeds_by_method: dict[str, int] | None = None) -> list[RunSpec]:
+    specs = []
+    for m in methods:
+        if m not in BASELINES:
+            raise ValueError(f"unknown method '{m}'; choose from {', '.join(BASELINES)}")
+        for s in range((seeds_by_method or {}).get(m, seeds)):
+            specs.append(RunSpec(m, s, {"distill.method": m}))
+    for a in ablations or []:
+        if a not in ABLATIONS:
+            raise ValueError(f"unknown ablation '{a}'; choose from {', '.join(ABLATIONS)}")
+        for s in range(ablation_seeds):
+            specs.append(RunSpec(a, s, {"distill.method": "lopd", **ABLATIONS[a]}))
+    return specs
+
+
+# --------------------------------------------------------------------------------------------------
+class Comparison:
+    """One comparison on one suite: shared bank + cold starts, then the runs; everything under ``root``."""
+
+    def __init__(self, cfg, *, suite: str, budget: int, root: Path, eval_every: int | None = None,
+                 eval_tasks: int | None = None, seed_episodes: int | None = None, log=print):
+        self.log = log
+        self.suite_name = suite
+        steps = max(budget // cfg.distill.tasks_per_step, 1)
+        over = {"rollout.suite": suite, "distill.steps": steps, "distill.checkpoint_every": 1,
+                "distill.keep_checkpoints": 1}
+        if eval_tasks:
+            over["evaluate.n_tasks"] = eval_tasks
+        if seed_episodes:
+            over["rollout.n_tasks"] = seed_episodes
+        self.cfg = cfg.with_overrides(over)
+        self.budget = steps * cfg.distill.tasks_per_step
+        self.eval_every = eval_every or self.cfg.evaluate.every_steps
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        from lopd_core.workspace import Workspace
+
+        self.ws = Workspace.from_config(self.cfg.workspace).ensure()
+        self._store = None
+        self._registry = None
+
+    # --- shared assets -------------------------------------------------------------------------------
+    @property
+    def store(self):
+        if self._store is None:
+            from lopd_core.memory.store import ExperienceStore
+
+            self._store = ExperienceStore(str(self.root / "lance"), embedder=self.cfg.index.embedder,
+                                          embed_field=self.cfg.index.embed_field,
+                                          dedupe_threshold=self.cfg.curation.dedupe_threshold)
+        return self._store
+
+    @property
+    def registry(self):
+        if self._registry is None:
+            from lopd_core.registry import ModelRegistry
+
+            self._registry = ModelRegistry.from_workspace(self.ws, self.cfg.registry)
+        return self._registry
+
+    def _state(self) -> dict[str, Any]:
+        path = self.root / "shared.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _save_state(self, state: dict[str, Any]) -> None:
+        (self.root / "shared.json").write_text(json.dumps(state, indent=2))
+
+    def bank(self) -> dict[str, Any]:
+        """Seed rollouts with the base model → curated, indexed experiences (once per suite)."""
+        state = self._state()
+        if "bank" in state:
+            return state["bank"]
+        from lopd_core.evaluation import run_suite
+        from lopd_core.memory.curation import curate_store
+        from lopd_core.memory.indexing import index_store
+        from lopd_core.training import build_policies
+
+        cfg, r = self.cfg, self.cfg.rollout
+        policies = build_policies(cfg, models_dir=self.ws.models_dir)
+        started = time.perf_counter()
+        self.log(f"[bank] {r.n_tasks} base-model episodes on {self.suite_name} training tasks")
+        with policies.teacher() as base:
+            trajectories = run_suite(base, policies.tokenizer, self.suite_name, cfg=cfg, split="train",
+                                     n_tasks=r.n_tasks, seed=r.seed + 7919, policy_version="base",
+                                     temperature=r.temperature, progress=True, cycle_id="bank")
+        from dataclasses import replace
+
+        trajectories = [replace(t, trajectory_id=f"bank/{i:04d}", episode_id=f"bank/{i:04d}")
+                        for i, t in enumerate(trajectories)]
+        self.store.write_trajectories(trajectories, stage="bank", cycle_id="bank")
+        report = curate_store(self.store, cfg)
+        indexed = index_store(self.store)
+        info = {"episodes": len(trajectories), "successes": sum(t.success for t in trajectories),
+                "experiences": self.store.count("experiences"), "version": indexed.experiences_version,
+                "curated": report.n_kept, "seconds": round(time.perf_counter() - started, 1),
+                "generated_tokens": sum(t.n_generated for t in trajectories)}
+        self.log(f"[bank] {info['successes']}/{info['episodes']} successes → {info['experiences']} experiences")
+        state["bank"] = info
+        self._save_state(state)
+        return info
+
+    def retriever(self):
+        return self.store.retriever(version=int(self.bank()["version"]))
+
+    def cold_start(self, cfg) -> Path:
+        """The cold-started composer for this latent shape (K), trained once on the bank."""
+        from lopd_core.training import cold_start
+
+        k = cfg.distill.lopd.n_latents
+        out = self.root / "cold_start" / f"k{k}"
+        if (out / "lopd_composer.json").exists():
+            return out
+        bank_ids = self.store.read("curated", columns=["trajectory_id"])["trajectory_id"].tolist()
+        from lopd_core.memory.store import sql_in
+
+        successes = self.store.read_trajectories(where=sql_in("trajectory_id", bank_ids)) if bank_ids else []
+        if not successes:
+            raise RuntimeError(f"the base model solved none of the {self.bank()['episodes']} bank episodes on "
+                               f"{self.suite_name}; LOPD needs experiences (raise --seed-episodes or lower the level)")
+        kind = "code" if self.suite_name in ("codegen", "humaneval") else "tool"
+        threshold = cfg.curation.success_threshold_code if kind == "code" else cfg.curation.success_threshold_tool
+        started = time.perf_counter()
+        self.log(f"[cold start] K={k}: {cfg.distill.lopd.cold_start.steps} steps on {len(successes)} successes")
+        result = cold_start(cfg, retriever=self.retriever(), out_dir=out, trajectories=successes,
+                            models_dir=self.ws.models_dir, success_threshold=threshold)
+        state = self._state()
+        state.setdefault("cold_start", {})[f"k{k}"] = {**result.to_dict(), "seconds": round(time.perf_counter() - started, 1)}
+        self._save_state(state)
+        return out
+
+    def base_eval(self) -> dict[str, float]:
+        """Held-out success of the base model (the step-0 point of every curve)."""
+        state = self._state()
+        if "base_eval" in state:
+            return state["base_eval"]
+        from lopd_core.evaluation import evaluate
+        from lopd_core.training import build_policies
+
+        policies = build_policies(self.cfg, models_dir=self.ws.models_dir)
+        metrics = evaluate(policies.teacher, policies.tokenizer, cfg=self.cfg, suite_name=self.suite_name,
+                           policy_version="base", with_probe=False).metrics
+        state["base_eval"] = metrics
+        self._save_state(state)
+        return metrics
+
+    # --- one run -------------------------------------------------------------------------------------
+    def run(self, spec: RunSpec) -> dict[str, Any]:
+        from lopd_core.cycle import MlflowMetricLogger
+        from lopd_core.evaluation import evaluate
+        from lopd_core.training import build_policies, needs_composer, train
+
+        run_dir = self.root / "runs" / spec.key
+        result_file = run_dir / "result.json"
+        if result_file.exists():
+            return json.loads(result_file.read_text())
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg = self.cfg.with_overrides({**spec.overrides, "distill.seed": 1000 + spec.seed})
+        bank = self.bank()
+        base = self.base_eval()
+        uses_bank = spec.method in ("lopd", "opsd")
+        composer_init = self.cold_start(cfg) if needs_composer(cfg) else None
+
+        curve_file = run_dir / "curve.jsonl"
+        curve = [json.loads(line) for line in curve_file.read_text().splitlines()] if curve_file.exists() else []
+        if not curve:
+            curve.append({"step": 0, "episodes": 0, **_pick(base)})
+            curve_file.write_text(json.dumps(curve[0]) + "\n")
+        done_steps = {c["step"] for c in curve}
+
+        experiment = self.registry.experiment_for(f"compare-{self.suite_name}")
+        mlflow_run = self.registry.find_run("lopd.compare_run", spec.key, experiment)
+        run_id = mlflow_run.info.run_id if mlflow_run else self.registry.client.create_run(
+            experiment, run_name=spec.key, tags={"lopd.compare_run": spec.key, "method": spec.name,
+                                                 "seed": str(spec.seed)}).info.run_id
+        self.registry.log_metrics(run_id, {"eval/success_rate": base["eval/success_rate"]}, step=0)
+        policies = build_policies(cfg, models_dir=self.ws.models_dir)
+        tokens = {"generated": 0, "trajectory": 0}
+
+        def on_step(step: int, metrics: dict[str, float], trajectories) -> None:
+            tokens["generated"] += sum(t.n_generated for t in trajectories)
+            tokens["trajectory"] += sum(t.n_tokens for t in trajectories)
+            n = step + 1
+            if (n % self.eval_every and n != cfg.distill.steps) or n in done_steps:
+                return
+            with _preserved_rng():
+                ev = evaluate(policies.student, policies.tokenizer, cfg=cfg, suite_name=self.suite_name,
+                              policy_version=f"{spec.key}/step{step}", with_probe=False).metrics
+            point = {"step": n, "episodes": int(metrics["budget/episodes"]), **_pick(ev),
+                     "kl_topk": metrics.get("distill/kl_topk"), "privilege_delta": metrics.get("distill/privilege_delta"),
+                     "beta": metrics.get("distill/beta"), "train_success": metrics.get("rollout/success_rate")}
+            with curve_file.open("a") as f:
+                f.write(json.dumps(point) + "\n")
+            self.registry.log_metrics(run_id, {"eval/success_rate": ev["eval/success_rate"],
+                                               "eval/mean_reward": ev["eval/mean_reward"]}, step=point["episodes"])
+            self.log(f"[{spec.key}] step {n}/{cfg.distill.steps}: held-out success {ev['eval/success_rate']:.3f}")
+
+        started = time.perf_counter()
+        result = train(cfg, suite=_suite(self.suite_name), retriever=self.retriever() if uses_bank else None, run_dir=run_dir / "train", composer_init=composer_init,
+                       logger=MlflowMetricLogger(self.registry, run_id), on_step=on_step,
+                       table_version=int(bank["version"]), policies=policies,
+                       pretraining_episodes=bank["episodes"] if uses_bank else 0, models_dir=self.ws.models_dir,
+                       progress=True)
+        wall = time.perf_counter() - started
+        curve = [json.loads(line) for line in curve_file.read_text().splitlines()]
+        summary = {"run": spec.key, "name": spec.name, "method": spec.method, "seed": spec.seed,
+                   "overrides": spec.overrides, "budget": self.budget, "steps": cfg.distill.steps,
+                   "pretraining_episodes": bank["episodes"] if uses_bank else 0,
+                   "skill_generations": result.budget.get("skill_generations", 0.0),
+                   "final_success": curve[-1]["success_rate"], "curve": curve,
+                   "wall_s_this_session": round(wall, 1), "resumed": result.resumed,
+                   "generated_tokens": tokens["generated"], "trajectory_tokens": tokens["trajectory"],
+                   "student_dir": str(result.student_dir), "mlflow_run_id": run_id}
+        self.registry.log_metrics(run_id, {"compare/final_success": summary["final_success"],
+                                           "compare/wall_s": wall})
+        self.registry.end_run(run_id)
+        prior = json.loads((run_dir / "wall.json").read_text())["wall_s"] if (run_dir / "wall.json").exists() else 0.0
+        summary["wall_s"] = round(prior + wall, 1)
+        result_file.write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def note_wall(self, spec: RunSpec, seconds: float) -> None:
+        """Accumulate the wall time of interrupted attempts (so resumed runs report their whole cost)."""
+        path = self.root / "runs" / spec.key / "wall.json"
+        prior = json.loads(path.read_text())["wall_s"] if path.exists() else 0.0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"wall_s": prior + seconds}))
+
+
+def _suite(name: str):
+    from lopd_core.envs import get_suite
+
+    return get_suite(name)
+
+
+def _pick(metrics: dict[str, float]) -> dict[str, float]:
+    return {"success_rate": metrics["eval/success_rate"], "mean_reward": metrics["eval/mean_reward"],
+            "response_tokens": metrics["eval/mean_response_tokens"]}
+
+
+class _preserved_rng:
+    """Evaluation must not move the training run's random streams (resume equality)."""
+
+    def __enter__(self):
+        self.state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+
+    def __exit__(self, *exc):
+        random.setstate(self.state[0])
+        np.random.set_state(self.state[1])
+        torch.set_rng_state(self.state[2])
+
+
+def run_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
+                   ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
+                   eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
+                   log=print) -> dict[str, Any]:
+    """Run (or resume) every run of the comparison; returns all run summaries."""
+    comp = Comparison(cfg, suite=suite, budget=budget, root=root, eval_every=eval_every, eval_tasks=eval_tasks,
+                      seed_episodes=seed_episodes, log=log)
+    specs = run_specs(methods, seeds, ablations=ablations, seeds_by_method=seeds_by_method)
+    (comp.root / "plan.json").write_text(json.dumps({"suite": suite, "budget": comp.budget,
+                                                     "steps": comp.cfg.distill.steps,
+                                                     "tasks_per_step": comp.cfg.distill.tasks_per_step,
+                                                     "eval_every": comp.eval_every,
+                                                     "eval_tasks": comp.cfg.evaluate.n_tasks,
+                                                     "runs": [asdict(s) for s in specs]}, indent=2))
+    comp.bank()
+    results = []
+    for i, spec in enumerate(specs):
+        log(f"=== run {i + 1}/{len(specs)}: {spec.key} ===")
+        started = time.perf_counter()
+        try:
+            results.append(comp.run(spec))
+        except BaseException:
+            comp.note_wall(spec, time.perf_counter() - started)
+            raise
+    return {"suite": suite, "root": str(comp.root), "shared": comp._state(), "runs": results,
+            "budget": comp.budget}
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0

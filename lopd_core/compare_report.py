@@ -1,0 +1,153 @@
+"""The comparison report: learning curves (PNG), final scores, LOPD's rollout-budget ratios (Markdown).
+
+``rollouts_to_reach``: for each baseline, the number of training episodes after which LOPD's held-out
+success first reaches that baseline's FINAL mean success, as a share of the baseline's budget (the
+paper's "under 30% of the budget" claim). It is computed per LOPD seed (first evaluation point at or above
+the target) and reported as mean ± std over the seeds that reached it, with how many did; "not reached"
+means LOPD never got there within its own budget. The same ratio with pre-training episodes (the bank)
+added to both sides is reported next to it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from lopd_core.compare import mean_std
+
+
+def group_runs(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        groups[r["name"]].append(r)
+    return dict(groups)
+
+
+def mean_curve(runs: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
+    """(episodes, mean, std) at every evaluation point all runs share."""
+    by_ep: dict[int, list[float]] = defaultdict(list)
+    for r in runs:
+        for p in r["curve"]:
+            by_ep[p["episodes"]].append(p["success_rate"])
+    return [(ep, *mean_std(v)) for ep, v in sorted(by_ep.items()) if len(v) == len(runs)]
+
+
+def first_reach(curve: list[dict[str, Any]], target: float) -> int | None:
+    for p in curve:
+        if p["episodes"] > 0 and p["success_rate"] >= target - 1e-9:
+            return p["episodes"]
+    return None
+
+
+def budget_ratios(groups: dict[str, list[dict[str, Any]]], reference: str = "lopd") -> list[dict[str, Any]]:
+    if reference not in groups:
+        return []
+    lopd_runs = groups[reference]
+    rows = []
+    for name, runs in groups.items():
+        if name == reference or name.startswith("lopd"):
+            continue
+        target, target_std = mean_std([r["final_success"] for r in runs])
+        budget = runs[0]["budget"]
+        pre_base = statistics.fmean(r["pretraining_episodes"] + r.get("skill_generations", 0.0) for r in runs)
+        reached = [(first_reach(r["curve"], target), r["pretraining_episodes"]) for r in lopd_runs]
+        hits = [(ep, pre) for ep, pre in reached if ep is not None]
+        ratio = [ep / budget for ep, _ in hits]
+        ratio_pre = [(ep + pre) / (budget + pre_base) for ep, pre in hits]
+        rows.append({"baseline": name, "baseline_final": target, "baseline_final_std": target_std,
+                     "baseline_seeds": len(runs), "budget": budget, "lopd_seeds": len(lopd_runs),
+                     "lopd_seeds_reaching": len(hits), "ratio": mean_std(ratio) if ratio else None,
+                     "ratio_with_pretraining": mean_std(ratio_pre) if ratio_pre else None})
+    return rows
+
+
+def plot(groups: dict[str, list[dict[str, Any]]], path: Path, *, title: str, with_pretraining: bool = False) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for name, runs in sorted(groups.items(), key=lambda kv: (kv[0] != "lopd", kv[0])):
+        curve = mean_curve(runs)
+        if not curve:
+            continue
+        shift = statistics.fmean(r["pretraining_episodes"] for r in runs) if with_pretraining else 0.0
+        xs = [ep + shift for ep, _, _ in curve]
+        mu = [m for _, m, _ in curve]
+        sd = [s for _, _, s in curve]
+        style = "-" if not name.startswith("lopd_") else "--"
+        line, = ax.plot(xs, mu, style, marker="o", ms=3, lw=2.2 if name == "lopd" else 1.3,
+                        label=f"{name} (n={len(runs)})")
+        if len(runs) > 1:
+            ax.fill_between(xs, [a - b for a, b in zip(mu, sd, strict=True)], [a + b for a, b in zip(mu, sd, strict=True)],
+                            color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("rollouts consumed (episodes" + (", incl. pre-training)" if with_pretraining else ", training only)"))
+    ax.set_ylabel("held-out success rate")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _fmt(ms) -> str:
+    if ms is None:
+        return "not reached"
+    m, s = ms
+    return f"{m:.0%} ± {s:.0%}"
+
+
+def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    groups = group_runs(result["runs"])
+    suite = result["suite"]
+    plot(groups, out_dir / "curves.png", title=f"{suite}: held-out success vs training rollouts (mean ± std)")
+    plot(groups, out_dir / "curves_with_pretraining.png", title=f"{suite}: incl. pre-training episodes",
+         with_pretraining=True)
+    shared = result.get("shared", {})
+    bank = shared.get("bank", {})
+    base = shared.get("base_eval", {})
+    lines = [f"# LOPD vs baselines on `{suite}`", "",
+             f"Command: `{command}`  ", f"Machine: {machine}  ",
+             f"Budget: {result['budget']} training episodes per run; held-out evaluation on "
+             f"{int(base.get('eval/n', 0))} test tasks (greedy).  ",
+             f"Experience bank: {bank.get('successes')} successes in {bank.get('episodes')} base-model episodes → "
+             f"{bank.get('experiences')} experiences (pre-training budget of lopd and opsd).  ",
+             f"Base model held-out success: {base.get('eval/success_rate', float('nan')):.3f}", "",
+             "![curves](curves.png)", "", "## Final held-out success", "",
+             "| run | seeds | final success (mean ± std) | best point | wall time / run | generated tokens / run | "
+             "pre-training episodes |", "|---|---|---|---|---|---|---|"]
+    for name, runs in sorted(groups.items(), key=lambda kv: (kv[0].startswith("lopd_"), kv[0])):
+        m, s = mean_std([r["final_success"] for r in runs])
+        best = max(p["success_rate"] for r in runs for p in r["curve"])
+        wall = statistics.fmean(r["wall_s"] for r in runs)
+        toks = statistics.fmean(r["generated_tokens"] for r in runs)
+        lines.append(f"| {name} | {len(runs)} | {m:.3f} ± {s:.3f} | {best:.3f} | {wall / 60:.1f} min | {toks:,.0f} | "
+                     f"{runs[0]['pretraining_episodes']} |")
+    ratios = budget_ratios(groups)
+    if ratios:
+        lines += ["", "## Rollouts LOPD needs to reach each baseline's final score", "",
+                  "Share of the baseline's budget (training episodes) after which LOPD's held-out success first "
+                  "reaches the baseline's final mean; mean ± std over the LOPD seeds that reached it.", "",
+                  "| baseline | baseline final | LOPD seeds reaching | share of budget | share incl. pre-training |",
+                  "|---|---|---|---|---|"]
+        base_success = base.get("eval/success_rate", 0.0)
+        for r in ratios:
+            trivial = " (≤ base model: trivially reached)" if r["baseline_final"] <= base_success + 1e-9 else ""
+            lines.append(f"| {r['baseline']} (n={r['baseline_seeds']}){trivial} | {r['baseline_final']:.3f} ± "
+                         f"{r['baseline_final_std']:.3f} | {r['lopd_seeds_reaching']}/{r['lopd_seeds']} | "
+                         f"{_fmt(r['ratio'])} | {_fmt(r['ratio_with_pretraining'])} |")
+    lines += ["", "![curves incl. pre-training](curves_with_pretraining.png)", "", "## Curves (all points)", ""]
+    for r in result["runs"]:
+        pts = ", ".join(f"{p['episodes']}:{p['success_rate']:.3f}" for p in r["curve"])
+        lines.append(f"- `{r['run']}`: {pts}")
+    (out_dir / "results.json").write_text(json.dumps(result, indent=2, default=str))
+    path = out_dir / "README.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,38 @@
+"""`lopd compare` end to end on the tiny model: shared bank, cold start, runs, report, resume."""
+
+import json
+import os
+import subprocess
+import sys
+
+
+def _compare(home, models_dir, report, methods):
+    return subprocess.run(
+        [sys.executable, "-m", "lopd_core.cli", "compare", "--profile", "smoke", "--set",
+         f"workspace.models_dir={models_dir}", "--suite", "toolworld", "--methods", methods, "--budget", "4",
+         "--eval-every", "1", "--report-dir", str(report), "--json"],
+        capture_output=True, text=True, env={**os.environ, "LOPD_HOME": str(home)}, timeout=900)
+
+
+def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir):
+    home, report = tmp_path / "ws", tmp_path / "report"
+    first = _compare(home, models_dir, report, "lopd,grpo")
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = json.loads(first.stdout.strip().splitlines()[-1])
+    assert set(summary["final_success"]) == {"lopd", "grpo"} and summary["budget"] == 4
+    runs = home / "compare" / "toolworld" / "runs"
+    lopd = json.loads((runs / "lopd-s0" / "result.json").read_text())
+    grpo = json.loads((runs / "grpo-s0" / "result.json").read_text())
+    # same budget, same evaluation points (step 0 = the shared base evaluation), the bank counted for LOPD only
+    assert [p["episodes"] for p in lopd["curve"]] == [p["episodes"] for p in grpo["curve"]] == [0, 2, 4]
+    assert lopd["curve"][0] == grpo["curve"][0]
+    assert lopd["pretraining_episodes"] > 0 and grpo["pretraining_episodes"] == 0
+    text = (report / "README.md").read_text()
+    assert "Rollouts LOPD needs" in text and (report / "curves.png").stat().st_size > 1000
+
+    # resume: finished runs are not redone, a new method is added to the same comparison
+    mtime = (runs / "lopd-s0" / "result.json").stat().st_mtime
+    second = _compare(home, models_dir, report, "lopd,grpo,none")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (runs / "lopd-s0" / "result.json").stat().st_mtime == mtime
+    assert "none" in json.loads(second.stdout.strip().splitlines()[-1])["final_success"]
