@@ -98,6 +98,21 @@ def test_pairs_carry_lineage_tags_and_rollback_restores(two_cycles, models_dir):
     assert reg.champion().student == first["champion"]
 
 
+def _kill_orphans(home: Path) -> None:
+    """Prefect's ephemeral server runs in its own session, so a SIGKILLed cycle leaves it behind; a crash
+    test must not leave the host with stray processes."""
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = (proc_dir / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"LOPD_HOME={home}".encode() in environ and int(proc_dir.name) != os.getpid():
+            try:
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_crash_in_distillation_resumes_from_checkpoint(tmp_path, models_dir):
     home = tmp_path / "ws"
     args = [sys.executable, "-m", "lopd_core.cli", "cycle", "--profile", "smoke", "--cycle-id", "k1",
@@ -111,6 +126,7 @@ def test_crash_in_distillation_resumes_from_checkpoint(tmp_path, models_dir):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, as a crash would
     proc.wait()
+    _kill_orphans(home)
     rec = json.loads((home / "runs" / "k1" / "cycle.json").read_text())
     assert "distill" not in rec["stages"] and "index" in rec["stages"]
 
