@@ -113,3 +113,21 @@ def test_lopd_rollout_cli_errors_name_the_fix(tmp_path, models_dir):
     assert bad_engine.exit_code == 2 and "rollout.engine" in bad_engine.output
     bad_model = CliRunner().invoke(app, [*base, "--model", str(tmp_path / "missing")])
     assert bad_model.exit_code != 0 and "not found locally" in " ".join(bad_model.output.split())
+
+
+@pytest.mark.slow
+def test_smollm2_plays_toolworld_exactly(prepared_default_dir):
+    """The real default model on real tasks: exact trajectories, and it does emit parseable tool calls."""
+    from lopd_core.models.loading import load_causal_lm, load_tokenizer
+
+    tok = load_tokenizer(prepared_default_dir)
+    model = load_causal_lm(prepared_default_dir, device="cpu")
+    suite = get_suite("toolworld")
+    tasks = suite.tasks("train", 6, level=1, seed=0)
+    trajs = run_episodes(HFEngine(model, tok, batch_size=6), tok, suite, tasks, max_turns=3,
+                         max_trajectory_tokens=2048, sampling=SamplingParams(max_new_tokens=96, seed=0))
+    _assert_exact(tok, trajs)
+    assert all(t.status in ("ok", "truncated") for t in trajs), [t.error for t in trajs]
+    assert sum(t.n_tool_calls for t in trajs) > 0
+    m = summarize_trajectories(trajs)
+    assert 0.0 <= m["rollout/success_rate"] <= 1.0 and m["rollout/generated_tokens"] > 0

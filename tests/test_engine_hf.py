@@ -132,3 +132,20 @@ def test_generate_from_embeds_matches_token_prompts(peaked_model, tiny_tokenizer
     assert [g.token_ids for g in from_embeds] == [g.token_ids for g in from_ids]
     with pytest.raises(ValueError, match=r"prompt_embeds\[0\] must have shape"):
         engine.generate_from_embeds([torch.zeros(3, 5)], GREEDY)
+
+
+def test_only_the_given_stop_ids_stop_generation(tiny_model, tiny_tokenizer):
+    """The model's own EOS (<|im_end|> here, made very likely by an lm_head bias hook) stops nothing unless it is
+    a stop id — as in the vllm engine, which ignores EOS too."""
+    def favour_eos(module, inputs, output):
+        output = output.clone()
+        output[..., 2] += 8.0
+        return output
+
+    tiny_model.lm_head.register_forward_hook(favour_eos)
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    prompt = _prompts(tiny_tokenizer)[:1]
+    free = engine.generate(prompt, SamplingParams(max_new_tokens=6, stop_token_ids=[], seed=0))[0]
+    assert len(free.token_ids) == 6 and free.finish_reason == "length" and free.token_ids[0] == 2
+    stopped = engine.generate(prompt, SamplingParams(max_new_tokens=6, stop_token_ids=[2], seed=0))[0]
+    assert stopped.token_ids == [2] and stopped.finish_reason == "stop"

@@ -13,7 +13,8 @@ without copying anything. The model is put in eval mode for generation and resto
 global torch RNG is left untouched when a seed is given (``torch.random.fork_rng``), so seeded rollouts do
 not disturb the trainer's random stream.
 
-Sampling fields the model's own ``generation_config`` may set (repetition penalty, min-p, typical-p …)
+Only ``params.stop_token_ids`` stop a sequence: the model's own EOS does not (an empty list means "run to
+``max_new_tokens``"), matching the vllm engine. Sampling fields the model's own ``generation_config`` may set (repetition penalty, min-p, typical-p …)
 are neutralised so that the processed distribution is exactly temperature/top-k/top-p.
 """
 
@@ -78,7 +79,7 @@ class HFEngine:
             min_length=0,
             num_beams=1,
             num_return_sequences=1,
-            eos_token_id=list(params.stop_token_ids) or None,
+            eos_token_id=list(params.stop_token_ids),
             pad_token_id=self.tokenizer.pad_token_id,
             use_cache=True,
             return_dict_in_generate=True,
