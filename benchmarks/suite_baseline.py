@@ -30,6 +30,8 @@ RESULTS = Path(__file__).parent / "results" / "suite_baseline.json"
 SETTINGS = {  # per-suite episode shape (the demo profile for tool use; one longer turn for code)
     "tool": {"max_turns": 4, "max_new_tokens": 96, "max_trajectory_tokens": 1024},
     "code": {"max_turns": 1, "max_new_tokens": 256, "max_trajectory_tokens": 1024},
+    # BFCL: one turn, but its function docs make prompts of up to ~2k tokens (parallel_multiple)
+    "bfcl": {"max_turns": 1, "max_new_tokens": 160, "max_trajectory_tokens": 3072},
 }
 MODES = {"greedy": {"temperature": 0.0}, "sample": {"temperature": 0.7, "top_p": 0.95, "top_k": 20}}
 
@@ -62,7 +64,7 @@ def measure(model_name: str, suites: list[str], levels: list[int], splits: list[
     rows = []
     for suite_name in suites:
         suite = get_suite(suite_name)
-        shape = SETTINGS[suite.kind]
+        shape = SETTINGS.get(suite_name, SETTINGS[suite.kind])
         for split in _splits(suite_name, splits):
             for level in _levels(suite_name, levels):
                 tasks = suite.tasks(split, n, level=level, seed=seed)

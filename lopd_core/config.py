@@ -274,8 +274,8 @@ class EvaluateConfig(_Section):
     """Held-out (test split) tasks per evaluation."""
     temperature: float = Field(0.0, ge=0.0)
     """Evaluation sampling temperature (0 = greedy, deterministic)."""
-    probe_suite: str = "codegen"
-    """Forgetting probe: held-out tasks of the other suite ('' disables)."""
+    probe_suite: str = "auto"
+    """Forgetting probe suite: 'auto' = the other built-in suite (toolworld ↔ codegen), a suite name, or '' (off)."""
     probe_n_tasks: int = Field(8, ge=0)
     """Tasks of the probe suite."""
     probe_prompts: int = Field(8, ge=0)
