@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-PROFILES = ("smoke", "demo", "gpu")
+PROFILES = ("smoke", "demo", "demo-codegen", "gpu")
 METHODS = ("lopd", "grpo", "opsd", "sdpo", "skill_sd", "none")
 GROUP_METHODS = ("grpo", "sdpo", "skill_sd")
 
