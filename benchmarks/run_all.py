@@ -65,7 +65,7 @@ def _leaves(value, prefix: str = "", depth: int = 0):
 
 
 def _row_label(row: dict) -> str:
-    keys = [k for k in ("suite", "split", "level", "mode", "rows", "batch") if k in row]
+    keys = [k for k in ("run", "method", "suite", "split", "level", "mode", "rows", "batch") if k in row]
     return ",".join(f"{row[k]}" for k in keys) or "?"
 
 
