@@ -2,7 +2,8 @@
 
     python -m benchmarks.external_eval --root $LOPD_HOME/compare/codegen --bfcl 8 --humaneval 8
 
-Loads the base model once, applies each run's final student (a LoRA adapter or a full model folder) and
+Loads the base model once, loads each run's final student into it (LoRA adapter or full weights, as the
+profile's ``model.student`` says) and
 scores it greedily on the first ``--bfcl`` tasks of each BFCL level (simple, multiple, parallel,
 parallel_multiple → levels 1-4; ``--bfcl-levels``) and the first ``--humaneval`` HumanEval problems (in the
 sandbox). Writes ``benchmarks/results/external_eval_<suite>.json``.
@@ -21,13 +22,9 @@ SHAPES = {"bfcl": {"rollout.max_turns": 1, "rollout.max_new_tokens": 160, "rollo
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     from lopd_core.config import load_config
-    from lopd_core.evaluation import evaluate, fixed
-    from lopd_core.models.loading import load_tokenizer, resolve_model_path
+    from lopd_core.evaluation import evaluate
+    from lopd_core.training import build_policies
     from lopd_core.workspace import Workspace
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -36,23 +33,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bfcl", type=int, default=8)
     parser.add_argument("--bfcl-levels", type=int, nargs="+", default=[1])
     parser.add_argument("--humaneval", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/external_eval_<suite>.json")
     args = parser.parse_args(argv)
 
     cfg = load_config(args.profile)
-    ws = Workspace.from_config(cfg.workspace)
-    base_path = resolve_model_path(cfg.model.base, models_dir=ws.models_dir)
-    tok = load_tokenizer(base_path)
+    policies = build_policies(cfg, models_dir=Workspace.from_config(cfg.workspace).models_dir)
     runs = {"base": None}
     for result in sorted(args.root.glob("runs/*/result.json")):
         runs[result.parent.name] = result.parent / "train" / "final" / "student"
     rows = []
     for name, student in runs.items():
-        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-        if student is not None and (student / "adapter_config.json").exists():
-            model = PeftModel.from_pretrained(model, student)
-        elif student is not None:
-            model = AutoModelForCausalLM.from_pretrained(student, dtype=torch.float32)
-        model.eval()
+        if student is not None:
+            policies.load_student(student)  # the run's adapter (or full weights) into the one loaded base
+        scope = policies.teacher if student is None else policies.student
         row = {"run": name}
         jobs = [("bfcl", lvl, args.bfcl) for lvl in args.bfcl_levels] + [("humaneval", 1, args.humaneval)]
         for suite, level, n in jobs:
@@ -61,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             scfg = cfg.with_overrides({**SHAPES[suite], "rollout.suite": suite, "rollout.level": level,
                                        "evaluate.n_tasks": n, "evaluate.probe_n_tasks": 0, "evaluate.probe_prompts": 0})
-            m = evaluate(fixed(model), tok, cfg=scfg, suite_name=suite, policy_version=name, with_probe=False).metrics
+            m = evaluate(scope, policies.tokenizer, cfg=scfg, suite_name=suite, policy_version=name, with_probe=False).metrics
             row[f"{suite}_l{level}"] = {"success_rate": m["eval/success_rate"], "n": n,
                                         "seconds": round(time.perf_counter() - t0, 1)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     suite_name = args.root.name
-    out = RESULTS / f"external_eval_{suite_name}.json"
+    out = args.out or RESULTS / f"external_eval_{suite_name}.json"
     out.write_text(json.dumps({"benchmark": f"external_eval_{suite_name}",
                                "command": "python -m benchmarks.external_eval " + " ".join(argv or []),
                                "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": {"cpus": 2},

@@ -53,12 +53,9 @@ def build_cfg(args):
 
 def main(argv: list[str] | None = None) -> int:
     from lopd_core.envs import get_suite
-    from lopd_core.evaluation import evaluate
+    from lopd_core.evaluation import evaluate, run_suite
     from lopd_core.memory.base import InMemoryRetriever
     from lopd_core.metrics import InMemoryLogger
-    from lopd_core.rollout.agent import run_episodes
-    from lopd_core.rollout.engines import make_engine
-    from lopd_core.rollout.engines.base import SamplingParams
     from lopd_core.training import build_policies, cold_start, experiences_from_trajectories, train
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,19 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="lopd-gpu-compare-"))
     policies = build_policies(cfg, models_dir=args.models_dir)
 
-    r = cfg.rollout
-    engine = make_engine("hf", policies.student_module(), policies.tokenizer, batch_size=r.batch_size,
-                         dtype=cfg.model.dtype, device=cfg.model.device)
-    with policies.student():
-        seed = run_episodes(engine, policies.tokenizer, suite, suite.tasks("train", args.seed_episodes, level=r.level, seed=0),
-                            max_turns=r.max_turns, max_trajectory_tokens=r.max_trajectory_tokens,
-                            sampling=SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                                    max_new_tokens=r.max_new_tokens, seed=0),
-                            observation_max_chars=r.observation_max_chars, policy_version="base", progress=True)
+    with policies.teacher() as base_model:  # the untrained base plays the seed episodes
+        seed = run_suite(base_model, policies.tokenizer, args.suite, cfg=cfg, split="train", n_tasks=args.seed_episodes,
+                         seed=0, policy_version="base", temperature=cfg.rollout.temperature, progress=True)
     bank = InMemoryRetriever(experiences_from_trajectories(seed, cfg, kind=suite.kind))
     print(f"bank: {len(bank.experiences)} experiences from {len(seed)} base episodes")
     composer = None
-    threshold = cfg.curation.success_threshold_code if suite.kind == "code" else cfg.curation.success_threshold_tool
+    threshold = cfg.curation.success_threshold(suite.kind)
     if bank.experiences:
         composer = cold_start(cfg, retriever=bank, out_dir=work / "cold_start", trajectories=seed,
                               policies=policies, models_dir=args.models_dir,

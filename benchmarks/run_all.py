@@ -100,7 +100,7 @@ def write_doc() -> None:
     else:
         text = text.rstrip() + "\n\n## All recorded figures\n\n" + section + "\n"
     DOC.write_text(text)
-    print(f"wrote {DOC.relative_to(ROOT)}")
+    print(f"wrote {DOC}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -182,7 +182,7 @@ class Comparison:
             raise RuntimeError(f"the base model solved none of the {self.bank()['episodes']} bank episodes on "
                                f"{self.suite_name}; LOPD needs experiences (raise --seed-episodes or lower the level)")
         kind = "code" if self.suite_name in ("codegen", "humaneval") else "tool"
-        threshold = cfg.curation.success_threshold_code if kind == "code" else cfg.curation.success_threshold_tool
+        threshold = cfg.curation.success_threshold(kind)
         started = time.perf_counter()
         self.log(f"[cold start] K={k}: {cfg.distill.lopd.cold_start.steps} steps on {len(successes)} successes")
         result = cold_start(cfg, retriever=self.retriever(), out_dir=out, trajectories=successes,

@@ -1,6 +1,6 @@
 """Typed configuration: one model per pipeline stage, loaded from YAML profiles.
 
-A profile (``smoke``, ``demo``, ``gpu`` shipped in ``lopd_core/configs/``, or any YAML path) selects
+A profile (``smoke``, ``demo``, ``demo-codegen``, ``gpu`` shipped in ``lopd_core/configs/``, or any YAML path) selects
 values; it never contains code. Loading order: the model defaults below (the paper's defaults, see
 ``lopd-method.md``) ← the profile ← ``--set section.field=value`` overrides from the command line.
 
@@ -116,6 +116,10 @@ class CurationConfig(_Section):
     """How much larger than the median family one family may be when balancing."""
     max_bad_row_fraction: float = Field(0.2, ge=0.0, le=1.0)
     """A stage fails loudly when more than this share of its rows is quarantined."""
+
+    def success_threshold(self, kind: str) -> float:
+        """The reward a trajectory of a suite of this kind ('code' or 'tool') needs to count as a success."""
+        return self.success_threshold_code if kind == "code" else self.success_threshold_tool
 
 
 class IndexConfig(_Section):

@@ -257,7 +257,7 @@ def _cold_start_if_needed(ctx: CycleContext, composer_init: Path | None, retriev
         raise RuntimeError("the composer cold start needs successful training trajectories and the store has none; "
                            "raise rollout.n_tasks or lower rollout.level so the base model solves some tasks")
     kind = getattr(ctx.suite, "kind", "tool")
-    threshold = ctx.cfg.curation.success_threshold_code if kind == "code" else ctx.cfg.curation.success_threshold_tool
+    threshold = ctx.cfg.curation.success_threshold(kind)
     result = cold_start(ctx.cfg, retriever=retriever, out_dir=out_dir, trajectories=successes,
                         models_dir=ctx.ws.models_dir, success_threshold=threshold,
                         logger=MlflowMetricLogger(ctx.registry, ctx.mlflow_run_id))

@@ -209,7 +209,7 @@ def experiences_from_trajectories(trajectories: list[Trajectory], cfg, *, kind: 
     """
     from lopd_core.memory.curation import lite_messages, lite_text
 
-    threshold = cfg.curation.success_threshold_code if kind == "code" else cfg.curation.success_threshold_tool
+    threshold = cfg.curation.success_threshold(kind)
     out = []
     for t in trajectories:
         if t.split != "train" or t.status != "ok" or t.reward < threshold:

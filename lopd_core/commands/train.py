@@ -111,8 +111,7 @@ def distill(
         err.print(f"--cold-start ignored: method '{cfg.distill.method}' (context '{cfg.distill.lopd.context}') "
                   "has no composer", highlight=False)
     if cold_start and needs_composer(cfg):
-        threshold = (cfg.curation.success_threshold_code if suite_obj.kind == "code"
-                     else cfg.curation.success_threshold_tool)
+        threshold = cfg.curation.success_threshold(suite_obj.kind)
         try:
             cold = run_cold_start(cfg, retriever=retriever, out_dir=run_dir / "cold_start" / "composer",
                                   trajectories=cold_trajectories, policies=policies, success_threshold=threshold,
