@@ -32,3 +32,19 @@ def test_status_json_is_the_last_line(tmp_path):
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout.strip().splitlines()[-1])
     assert info["workspace"] == str(tmp_path) and info["profile"] == "smoke"
+
+
+def test_progress_lines_and_errors_keep_their_brackets(capsys):
+    # rich would read "[bank]" as a markup tag and drop it; progress lines and error messages are plain text
+    import typer
+
+    from lopd_core.commands.common import fail, log
+
+    log("[bank] 2/16 successes")
+    try:
+        fail("bad value in [distill] section")
+    except typer.Exit as e:
+        assert e.exit_code == 1
+    err = capsys.readouterr().err
+    assert "[bank] 2/16 successes" in err
+    assert "bad value in [distill] section" in err

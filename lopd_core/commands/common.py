@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 err = Console(stderr=True)
 out = Console()
@@ -24,7 +25,7 @@ def load(profile: str, overrides: list[str] | None):
     try:
         return load_config(profile, overrides or [])
     except ConfigError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
 
 
@@ -34,13 +35,18 @@ def workspace(cfg):
     return Workspace.from_config(cfg.workspace).ensure()
 
 
+def log(message: str) -> None:
+    """A progress line on stderr, printed as is (``[bank] …`` is text, not rich markup)."""
+    err.print(message, markup=False, highlight=False)
+
+
 def emit_json(payload: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(payload, default=str) + "\n")
     sys.stdout.flush()
 
 
 def fail(message: str, code: int = 1) -> None:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 

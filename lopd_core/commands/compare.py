@@ -11,7 +11,17 @@ from typing import Annotated
 
 import typer
 
-from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
+from lopd_core.commands.common import (
+    JsonFlag,
+    Overrides,
+    Profile,
+    emit_json,
+    fail,
+    load,
+    log,
+    out,
+    workspace,
+)
 
 
 def _csv(value: str) -> list[str]:
@@ -57,7 +67,7 @@ def compare(
                                 ablations=_csv(ablations), seeds_by_method=_seeds_for(seeds_for),
                                 eval_every=eval_every or None, eval_tasks=eval_tasks or None,
                                 seed_episodes=seed_episodes or None,
-                                log=lambda m: err.print(m, highlight=False))
+                                log=log)
     except (ValueError, RuntimeError) as e:
         fail(str(e))
     command = "lopd compare " + " ".join(shlex.quote(a) for a in sys.argv[2:])

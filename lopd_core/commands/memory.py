@@ -119,7 +119,7 @@ def curate(
     if as_json:
         emit_json({**result.to_dict(), "report_path": str(path)})
     else:
-        out.print(result.to_markdown(), highlight=False)
+        out.print(result.to_markdown(), markup=False, highlight=False)
 
 
 @memory_app.command("index")

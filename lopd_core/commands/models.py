@@ -9,7 +9,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
+from lopd_core.commands.common import (
+    JsonFlag,
+    Overrides,
+    Profile,
+    emit_json,
+    fail,
+    load,
+    log,
+    out,
+    workspace,
+)
 
 models_app = typer.Typer(no_args_is_help=True, help="Prepare and list base models.")
 config_app = typer.Typer(no_args_is_help=True, help="Show configuration profiles and fields.")
@@ -27,7 +37,7 @@ def prepare_default(
 
     ws = workspace(load(profile, set_))
     try:
-        info = prepare(ws.models_dir, force=force, log=lambda m: err.print(m, highlight=False))
+        info = prepare(ws.models_dir, force=force, log=log)
     except (FileNotFoundError, RuntimeError) as e:
         fail(str(e))
     if as_json:

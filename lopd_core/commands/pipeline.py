@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out
+from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, log, out
 
 
 def _prefect(profile: str, overrides: list[str] | None):
@@ -78,7 +78,7 @@ def cycle(
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     if as_json:
         for line in _ui_hints(ws):
-            err.print(line, highlight=False)
+            log(line)
         emit_json(summary)
         return
     _print_cycle_summary(summary)

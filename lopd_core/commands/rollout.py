@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
 
@@ -123,7 +124,7 @@ def rollout(
         summary["out"] = str(_save(out_dir, stem, trajectories, summary))
     errors = [t for t in trajectories if t.status == "error"]
     for t in errors[:3]:
-        err.print(f"[yellow]episode {t.task_id} errored:[/yellow] {t.error}", highlight=False)
+        err.print(f"[yellow]episode {t.task_id} errored:[/yellow] {escape(str(t.error))}", highlight=False)
 
     if as_json:
         emit_json(summary)
