@@ -1,7 +1,7 @@
 """`lopd serve`: register every deployment in one process and run them (``prefect.serve``).
 
 ``lopd-cycle`` gets the schedule of the profile's ``cycle`` section (interval minutes or cron);
-``lopd-backfill``, ``lopd-evaluate``, ``lopd-promote`` and ``lopd-rollback`` run on demand
+``lopd-backfill``, ``lopd-evaluate``, ``lopd-promote``, ``lopd-rollback`` and ``lopd-compare`` run on demand
 (``prefect deployment run lopd-backfill/lopd-backfill``). Needs a Prefect server
 (``prefect server start``; set PREFECT_API_URL). For work pools use ``infra/prefect.yaml`` instead.
 """
@@ -14,6 +14,7 @@ from datetime import timedelta
 def deployments(profile: str, overrides: list[str] | None = None) -> list:
     from flows.backfill import backfill_flow
     from flows.common import config
+    from flows.compare import compare_flow
     from flows.cycle import cycle_flow
     from flows.evaluate import evaluate_flow
     from flows.promote import promote_flow, rollback_flow
@@ -32,6 +33,8 @@ def deployments(profile: str, overrides: list[str] | None = None) -> list:
         evaluate_flow.to_deployment("lopd-evaluate", parameters=params),
         promote_flow.to_deployment("lopd-promote", parameters=params),
         rollback_flow.to_deployment("lopd-rollback", parameters=params),
+        compare_flow.to_deployment("lopd-compare", parameters=params, concurrency_limit=1,
+                                   description="LOPD vs the baselines under one rollout budget (resumable)"),
     ]
 
 

@@ -282,6 +282,20 @@ class Comparison:
         result_file.write_text(json.dumps(summary, indent=2))
         return summary
 
+    def run_timed(self, spec: RunSpec) -> dict[str, Any]:
+        """:meth:`run`, recording the wall time of an attempt that fails or is interrupted."""
+        started = time.perf_counter()
+        try:
+            return self.run(spec)
+        except BaseException:
+            self.note_wall(spec, time.perf_counter() - started)
+            raise
+
+    def result(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+        """What the report is made of: the shared assets and the run summaries."""
+        return {"suite": self.suite_name, "root": str(self.root), "shared": self._state(), "runs": runs,
+                "budget": self.budget}
+
     def note_wall(self, spec: RunSpec, seconds: float) -> None:
         """Accumulate the wall time of interrupted attempts (so resumed runs report their whole cost)."""
         path = self.root / "runs" / spec.key / "wall.json"
@@ -313,11 +327,24 @@ class _preserved_rng:
         torch.set_rng_state(self.state[2])
 
 
-def run_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
-                   ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
-                   eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
-                   log=print) -> dict[str, Any]:
-    """Run (or resume) every run of the comparison; returns all run summaries."""
+def parse_seeds_for(value: str) -> dict[str, int]:
+    """``'lopd=3,grpo=3'`` → ``{'lopd': 3, 'grpo': 3}``; a clear error for anything else."""
+    seeds: dict[str, int] = {}
+    for item in (v.strip() for v in value.split(",")):
+        if not item:
+            continue
+        name, _, n = item.partition("=")
+        if not n.strip().isdigit():
+            raise ValueError(f"seeds-for expects name=count pairs like 'lopd=3,sdpo=1' (got {item!r})")
+        seeds[name.strip()] = int(n)
+    return seeds
+
+
+def plan_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
+                    ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
+                    eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
+                    log=print) -> tuple[Comparison, list[RunSpec]]:
+    """The comparison and its runs, in order (``plan.json`` under the root records them)."""
     comp = Comparison(cfg, suite=suite, budget=budget, root=root, eval_every=eval_every, eval_tasks=eval_tasks,
                       seed_episodes=seed_episodes, log=log)
     specs = run_specs(methods, seeds, ablations=ablations, seeds_by_method=seeds_by_method)
@@ -327,18 +354,23 @@ def run_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: i
                                                      "eval_every": comp.eval_every,
                                                      "eval_tasks": comp.cfg.evaluate.n_tasks,
                                                      "runs": [asdict(s) for s in specs]}, indent=2))
+    return comp, specs
+
+
+def run_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
+                   ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
+                   eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
+                   log=print) -> dict[str, Any]:
+    """Run (or resume) every run of the comparison; returns all run summaries."""
+    comp, specs = plan_comparison(cfg, suite=suite, methods=methods, budget=budget, seeds=seeds, root=root,
+                                  ablations=ablations, seeds_by_method=seeds_by_method, eval_every=eval_every,
+                                  eval_tasks=eval_tasks, seed_episodes=seed_episodes, log=log)
     comp.bank()
     results = []
     for i, spec in enumerate(specs):
         log(f"=== run {i + 1}/{len(specs)}: {spec.key} ===")
-        started = time.perf_counter()
-        try:
-            results.append(comp.run(spec))
-        except BaseException:
-            comp.note_wall(spec, time.perf_counter() - started)
-            raise
-    return {"suite": suite, "root": str(comp.root), "shared": comp._state(), "runs": results,
-            "budget": comp.budget}
+        results.append(comp.run_timed(spec))
+    return comp.result(results)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

@@ -11,6 +11,8 @@ added to both sides is reported next to it.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -151,3 +153,15 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
     path = out_dir / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def machine_description() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
+
+
+def summarize(result: dict[str, Any], report: Path) -> dict[str, Any]:
+    """The short form of a comparison: final scores per run and LOPD's budget ratios."""
+    groups = group_runs(result["runs"])
+    return {"suite": result["suite"], "report": str(report), "root": result["root"], "budget": result["budget"],
+            "final_success": {n: [r["final_success"] for r in rs] for n, rs in groups.items()},
+            "budget_ratios": budget_ratios(groups)}

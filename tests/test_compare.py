@@ -36,3 +36,34 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir):
     assert second.returncode == 0, second.stderr[-3000:]
     assert (runs / "lopd-s0" / "result.json").stat().st_mtime == mtime
     assert "none" in json.loads(second.stdout.strip().splitlines()[-1])["final_success"]
+
+
+def test_compare_flow_runs_each_run_as_a_task_and_publishes_the_report(tmp_path, models_dir, monkeypatch):
+    """The Prefect flow (ephemeral server): one task per run, the report on disk and as artifacts."""
+    from lopd_core.config import load_config
+    from lopd_core.workspace import Workspace
+
+    monkeypatch.setenv("LOPD_HOME", str(tmp_path / "ws"))
+    overrides = [f"workspace.models_dir={models_dir}"]
+    for k, v in Workspace.from_config(load_config("smoke", overrides).workspace).ensure().prefect_env().items():
+        monkeypatch.setenv(k, v)
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, TaskRunFilter
+
+    from flows.compare import compare_flow
+
+    report = tmp_path / "report"
+    summary = compare_flow(suite="toolworld", methods="lopd,none", budget=2, eval_every=1, report_dir=str(report),
+                           profile="smoke", overrides=overrides)
+    assert set(summary["final_success"]) == {"lopd", "none"} and summary["budget"] == 2
+    assert summary["budget_ratios"] and summary["budget_ratios"][0]["baseline"] == "none"
+    assert (report / "README.md").exists() and (report / "curves.png").stat().st_size > 1000
+    with get_client(sync_client=True) as client:
+        names = sorted(t.name for t in client.read_task_runs(task_run_filter=TaskRunFilter()))
+        arts = {a.key: a for a in client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["compare-toolworld-report",
+                                                                        "compare-toolworld-final"])))}
+    assert {"run-lopd-s0", "run-none-s0"} <= set(names) and any(n.startswith("compare-bank") for n in names)
+    assert "data:image/png;base64," in arts["compare-toolworld-report"].data
+    assert "Rollouts LOPD needs" in arts["compare-toolworld-report"].data
+    assert {r["run"] for r in json.loads(arts["compare-toolworld-final"].data)} == {"lopd", "none"}

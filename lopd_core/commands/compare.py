@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 import shlex
 import sys
 from datetime import date
@@ -28,16 +27,6 @@ def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _seeds_for(value: str) -> dict[str, int]:
-    out_ = {}
-    for item in _csv(value):
-        name, _, n = item.partition("=")
-        if not n.isdigit():
-            fail(f"--seeds-for expects name=count pairs like 'lopd=3,sdpo=1' (got {item!r})", code=2)
-        out_[name] = int(n)
-    return out_
-
-
 def compare(
     suite: Annotated[str, typer.Option(help="Task suite.")] = "toolworld",
     methods: Annotated[str, typer.Option(help="Comma-separated: lopd,grpo,opsd,sdpo,skill_sd,none.")] = "lopd,grpo,opsd,sdpo,skill_sd,none",
@@ -55,31 +44,29 @@ def compare(
     as_json: JsonFlag = False,
 ):
     """Compare LOPD against the baselines under one rollout budget (resumable); writes a Markdown + PNG report."""
-    from lopd_core.compare import run_comparison
-    from lopd_core.compare_report import budget_ratios, group_runs, write_report
+    from lopd_core.compare import parse_seeds_for, run_comparison
+    from lopd_core.compare_report import machine_description, summarize, write_report
 
     cfg = load(profile, set_)
+    try:
+        seeds_by_method = parse_seeds_for(seeds_for)
+    except ValueError as e:
+        fail(f"--{e}", code=2)
     ws = workspace(cfg)
     root = root or ws.home / "compare" / suite
     report_dir = report_dir or Path("reports") / f"{suite}-{date.today().isoformat()}"
     try:
         result = run_comparison(cfg, suite=suite, methods=_csv(methods), budget=budget, seeds=seeds, root=root,
-                                ablations=_csv(ablations), seeds_by_method=_seeds_for(seeds_for),
+                                ablations=_csv(ablations), seeds_by_method=seeds_by_method,
                                 eval_every=eval_every or None, eval_tasks=eval_tasks or None,
-                                seed_episodes=seed_episodes or None,
-                                log=log)
+                                seed_episodes=seed_episodes or None, log=log)
     except (ValueError, RuntimeError) as e:
         fail(str(e))
     command = "lopd compare " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    machine = f"{platform.machine()}, {__import__('os').cpu_count()} CPU cores, {platform.python_version()}"
-    path = write_report(result, report_dir, machine=machine, command=command)
-    groups = group_runs(result["runs"])
-    summary = {"suite": suite, "report": str(path), "root": str(root), "budget": result["budget"],
-               "final_success": {n: [r["final_success"] for r in rs] for n, rs in groups.items()},
-               "budget_ratios": budget_ratios(groups)}
+    summary = summarize(result, write_report(result, report_dir, machine=machine_description(), command=command))
     if as_json:
         emit_json(summary)
     else:
-        out.print(f"report: {path}")
+        out.print(f"report: {summary['report']}")
         for name, values in summary["final_success"].items():
             out.print(f"  {name:14s} final held-out success {', '.join(f'{v:.3f}' for v in values)}")

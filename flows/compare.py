@@ -1,0 +1,104 @@
+"""`lopd-compare`: LOPD against the baselines under one rollout budget, as a flow with one task per run.
+
+Why: a comparison takes hours; as a flow each run is its own task (visible, retried on transient errors,
+skipped when already finished) and the report lands as Prefect artifacts next to the files. How: the
+same :mod:`lopd_core.compare` harness as ``lopd compare`` (same root, so the CLI and the flow resume each
+other's work); the training runs hold the workspace's training slot (``cycle.concurrency_limit_name``),
+so a comparison never trains at the same time as a cycle on the same machine.
+
+Run it: ``python -m flows.compare toolworld lopd,grpo`` (ephemeral Prefect), or as the on-demand
+deployment ``prefect deployment run lopd-compare/lopd-compare -p suite=codegen`` under ``lopd serve``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+
+from flows.common import config, training_slot, transient
+
+
+def _comparison(profile: str, overrides: list[str], params: dict[str, Any]):
+    from lopd_core.compare import parse_seeds_for, plan_comparison
+    from lopd_core.workspace import Workspace
+
+    cfg = config(profile, overrides)
+    root = Path(params["root"] or Workspace.from_config(cfg.workspace).ensure().home / "compare" / params["suite"])
+    split = [m.strip() for m in params["methods"].split(",") if m.strip()]
+    return plan_comparison(cfg, suite=params["suite"], methods=split, budget=params["budget"],
+                           seeds=params["seeds"], root=root,
+                           ablations=[a.strip() for a in params["ablations"].split(",") if a.strip()],
+                           seeds_by_method=parse_seeds_for(params["seeds_for"]),
+                           eval_every=params["eval_every"] or None, eval_tasks=params["eval_tasks"] or None,
+                           seed_episodes=params["seed_episodes"] or None)
+
+
+@task(name="compare-bank", retry_condition_fn=transient, retries=1, persist_result=False)
+def bank_task(profile: str, overrides: list[str], params: dict[str, Any]) -> dict:
+    comp, _ = _comparison(profile, overrides, params)
+    return {"bank": comp.bank(), "base_eval": comp.base_eval()}
+
+
+@task(name="compare-run", retry_condition_fn=transient, retries=1, persist_result=False)
+def run_task(profile: str, overrides: list[str], params: dict[str, Any], key: str) -> dict:
+    comp, specs = _comparison(profile, overrides, params)
+    return comp.run_timed(next(s for s in specs if s.key == key))
+
+
+@flow(name="lopd-compare", log_prints=True)
+def compare_flow(suite: str = "toolworld", methods: str = "lopd,grpo,opsd,sdpo,skill_sd,none", budget: int = 160,
+                 seeds: int = 1, seeds_for: str = "", ablations: str = "", eval_every: int = 0, eval_tasks: int = 0,
+                 seed_episodes: int = 0, root: str = "", report_dir: str = "", profile: str = "demo",
+                 overrides: list[str] | None = None) -> dict:
+    """Every run of the comparison (resuming finished ones), then the report as files and artifacts."""
+    from lopd_core.compare_report import machine_description, summarize, write_report
+    from lopd_core.workspace import Workspace
+
+    overrides = list(overrides or [])
+    params = {"suite": suite, "methods": methods, "budget": budget, "seeds": seeds, "seeds_for": seeds_for,
+              "ablations": ablations, "eval_every": eval_every, "eval_tasks": eval_tasks,
+              "seed_episodes": seed_episodes, "root": root}
+    comp, specs = _comparison(profile, overrides, params)  # a bad plan fails here, before any work
+    cfg = config(profile, overrides)
+    with training_slot(cfg.cycle.concurrency_limit_name, Workspace.from_config(cfg.workspace).ensure().home):
+        bank_task(profile, overrides, params)
+        runs = [run_task.with_options(task_run_name=f"run-{spec.key}")(profile, overrides, params, spec.key)
+                for spec in specs]
+    result = comp.result(runs)
+    out = Path(report_dir) if report_dir else Path("reports") / f"{suite}-{date.today().isoformat()}"
+    command = f"flow lopd-compare, parameters {json.dumps({**params, 'profile': profile, 'overrides': overrides})}"
+    summary = summarize(result, write_report(result, out, machine=machine_description(), command=command))
+    publish_artifacts(summary, out, [asdict(s) for s in specs])
+    return summary
+
+
+def publish_artifacts(summary: dict, report_dir: Path, specs: list[dict]) -> None:
+    """The report (with its curves inlined) as a markdown artifact and the final scores as a table."""
+    import base64
+
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    key = f"compare-{summary['suite'].lower().replace('_', '-')}"
+    text = (report_dir / "README.md").read_text()
+    for png in ("curves.png", "curves_with_pretraining.png"):
+        if (report_dir / png).exists():
+            inline = base64.b64encode((report_dir / png).read_bytes()).decode()
+            text = text.replace(f"]({png})", f"](data:image/png;base64,{inline})")
+    create_markdown_artifact(text, key=f"{key}-report", description=f"lopd compare on {summary['suite']}")
+    rows = [{"run": name, "seeds": len(values), "final_success": ", ".join(f"{v:.3f}" for v in values)}
+            for name, values in summary["final_success"].items()]
+    create_table_artifact(rows, key=f"{key}-final", description=f"final held-out success ({len(specs)} runs)")
+
+
+if __name__ == "__main__":
+    import sys
+
+    from flows.common import prefect_environment
+
+    prefect_environment("demo")
+    print(json.dumps(compare_flow(*(sys.argv[1:3])), indent=2, default=str))
