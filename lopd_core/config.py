@@ -245,7 +245,7 @@ class DistillConfig(_Section):
     top_m: int = Field(20, ge=1)
     """M: the teacher's top-M support of the distillation KL."""
     micro_batch: int = Field(4, ge=0)
-    """Rollouts per forward/backward in LOPD and the cold start (gradients accumulate: the same step, less memory); 0 = all."""
+    """Rollouts per forward/backward in every method's update and the cold start (gradients accumulate: the same step, less memory); 0 = all."""
     checkpoint_every: int = Field(1, ge=1)
     """Write a resumable checkpoint every this many steps."""
     keep_checkpoints: int = Field(2, ge=1)

@@ -209,3 +209,26 @@ def test_teacher_views_share_one_set_of_base_weights(models_dir, tiny_tokenizer)
     ids = {id(p) for n, p in plain.named_parameters() if "lora_" not in n}
     assert len(ids) == len([n for n, _ in plain.named_parameters() if "lora_" not in n])
     assert policies.student_module() is policies.base
+
+
+@pytest.mark.parametrize("method", ["grpo", "opsd", "sdpo", "skill_sd"])
+def test_micro_batches_give_the_same_step_as_the_whole_batch(method, tiny_tokenizer, models_dir):
+    """distill.micro_batch only changes memory: one rollout per forward/backward gives the whole batch's step."""
+    steps = []
+    for micro_batch in (0, 1):
+        cfg, policies = setup(models_dir, method, **{"distill.lr_student": 1e-2, "distill.micro_batch": micro_batch})
+        algo = make_algorithm(cfg.distill, policies)
+        (good, bad), _ = group(tiny_tokenizer, feedback_on_failure="expected 5, got 7")
+        rows = [good, bad, good, bad]  # two groups of G = 2
+        tasks = [task_of(r, oracle="It is 5.") for r in rows]
+        exps = [experience_of(good)]
+        before = student_snapshot(policies)
+        m = algo.step(StepInputs(step=0, trajectories=rows, tasks=tasks, retrieved=[exps] * 4, group_size=2))
+        assert changed(before, policies)
+        steps.append((m, [p.detach().clone() for p in policies.student_parameters()]))
+    (whole, p_whole), (micro, p_micro) = steps
+    assert micro["distill/micro_batches"] > whole["distill/micro_batches"] == 1
+    for key in ("distill/loss", "distill/student_grad_norm", "distill/supervised_tokens"):
+        assert micro[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
+    for a, b in zip(p_whole, p_micro, strict=True):  # Adam's first step is ≈ lr·sign(g): 1e-2 per element here
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)

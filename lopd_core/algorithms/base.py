@@ -68,6 +68,16 @@ def usable_rollouts(trajectories: list[Trajectory]) -> list[int]:
     return [i for i, t in enumerate(trajectories) if t.status != "error" and t.n_generated > 0]
 
 
+def micro_batches(n: int, size: int) -> list[slice]:
+    """``n`` rollouts as consecutive slices of ``size`` (``distill.micro_batch``; 0 = one slice).
+
+    Every method's student update runs one forward/backward per slice and divides each slice's loss sum by
+    the step's total token count, so the accumulated gradient is the whole batch's (less activation memory).
+    """
+    step = size if size > 0 else max(n, 1)
+    return [slice(start, start + step) for start in range(0, n, step)]
+
+
 def rewards_tensor(trajectories: list[Trajectory], device) -> Tensor:
     return torch.tensor([float(t.reward) for t in trajectories], dtype=torch.float32, device=device)
 

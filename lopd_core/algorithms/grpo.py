@@ -23,6 +23,7 @@ from lopd_core.algorithms.base import (
     clip_and_step,
     gather_tokens,
     make_adamw,
+    micro_batches,
     plain_student_batch,
     rewards_tensor,
     skipped_metrics,
@@ -64,24 +65,31 @@ class GRPO:
         if not usable:
             return {**metrics, "distill/updated": 0.0}
         rows = [inputs.trajectories[i] for i in usable]
-        batch = plain_student_batch(self.policies, rows)
         advantages = group_advantages(inputs, usable, self.policies.device)
+        parts = micro_batches(len(rows), self.cfg.micro_batch)
+        batches = [plain_student_batch(self.policies, rows[part]) for part in parts]
+        n_tokens = sum(b.n_tokens for b in batches)
+        loss_sum = 0.0
         with timer("student"):
             self.policies.train_mode(True)
-            lp = student_logprobs(self.policies, batch)
-            token_lp = to_padded(gather_tokens(lp, batch.target_ids[batch.mask.bool()]), batch.mask)
-            per_token = losses.ppo_clip_loss(token_lp, token_lp.detach(), advantages[:, None],
-                                             clip_low=self.cfg.grpo.clip_eps)
-            loss = losses.global_token_mean(per_token, batch.mask)
-            loss.backward()
+            for part, batch in zip(parts, batches, strict=True):  # Σ (slice token sum / all tokens): the global mean
+                lp = student_logprobs(self.policies, batch)
+                token_lp = to_padded(gather_tokens(lp, batch.target_ids[batch.mask.bool()]), batch.mask)
+                per_token = losses.ppo_clip_loss(token_lp, token_lp.detach(), advantages[part][:, None],
+                                                 clip_low=self.cfg.grpo.clip_eps)
+                loss = (per_token * batch.mask).sum() / max(n_tokens, 1)
+                loss.backward()
+                loss_sum += float(loss.detach())
+                del lp, token_lp, per_token, loss
             grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
             self.policies.train_mode(False)
-        return {**metrics, "distill/updated": 1.0, "distill/loss": float(loss.detach()),
-                "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(batch.n_tokens),
+        return {**metrics, "distill/updated": 1.0, "distill/loss": loss_sum,
+                "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(n_tokens),
+                "distill/micro_batches": float(len(parts)),
                 "grpo/advantage_abs_mean": float(advantages.abs().mean()),
                 "grpo/zero_advantage_rate": float((advantages == 0).float().mean()),
                 "distill/time_student_s": timer.total(),
-                "distill/tokens_per_s": batch.n_tokens / max(timer.total(), 1e-9)}
+                "distill/tokens_per_s": n_tokens / max(timer.total(), 1e-9)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"student_optimizer": self.optimizer.state_dict()}

@@ -23,12 +23,13 @@ from lopd_core.algorithms.base import (
     Timer,
     clip_and_step,
     make_adamw,
+    micro_batches,
     model_logprobs,
     skipped_metrics,
     student_logprobs,
     usable_rollouts,
 )
-from lopd_core.algorithms.batch import student_batch, teacher_batch, to_padded
+from lopd_core.algorithms.batch import student_batch, teacher_batch
 from lopd_core.algorithms.context import opsd_reference
 from lopd_core.models.latent import system_reference_prompt
 
@@ -69,26 +70,33 @@ class OPSD:
             return {**metrics, "distill/updated": 0.0}
         rows = [inputs.trajectories[i] for i in chosen]
         pad, device = tok.pad_token_id, self.policies.device
-        t_batch = teacher_batch(rows, prompts, pad_id=pad, device=device)
-        s_batch = student_batch(rows, pad_id=pad, device=device)
-
-        # --- teacher: frozen base + reference in the system message (no grad) -------------------------
-        with timer("teacher"), torch.no_grad():
-            teacher_lp = model_logprobs(self.policies, None, t_batch)
-        # --- student: full-vocabulary divergence, global token mean, one optimizer step ----------------
-        with timer("student"):
-            self.policies.train_mode(True)
-            s_lp = student_logprobs(self.policies, s_batch)
-            per_token = full_vocab_divergence(s_lp, teacher_lp, self.cfg.opsd)
-            loss = losses.global_token_mean(to_padded(per_token, s_batch.mask), s_batch.mask)
-            loss.backward()
+        parts = micro_batches(len(rows), self.cfg.micro_batch)
+        batches = [(teacher_batch(rows[part], prompts[part], pad_id=pad, device=device),
+                    student_batch(rows[part], pad_id=pad, device=device)) for part in parts]
+        n_tokens = sum(s_batch.n_tokens for _, s_batch in batches)
+        loss_sum = 0.0
+        for t_batch, s_batch in batches:  # Σ (slice divergence sum / all tokens): the global token mean
+            # --- teacher: frozen base + reference in the system message (no grad) ---------------------
+            with timer("teacher"), torch.no_grad():
+                self.policies.train_mode(False)
+                teacher_lp = model_logprobs(self.policies, None, t_batch)
+            # --- student: full-vocabulary divergence ------------------------------------------------------
+            with timer("student"):
+                self.policies.train_mode(True)
+                s_lp = student_logprobs(self.policies, s_batch)
+                loss = full_vocab_divergence(s_lp, teacher_lp, self.cfg.opsd).sum() / max(n_tokens, 1)
+                loss.backward()
+                loss_sum += float(loss.detach())
+                del teacher_lp, s_lp, loss
+        with timer("student"):  # one optimizer step for the whole batch
             grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
-            self.policies.train_mode(False)
-        return {**metrics, "distill/updated": 1.0, "distill/loss": float(loss.detach()),
-                f"opsd/{self.cfg.opsd.divergence}": float(loss.detach()),
-                "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(s_batch.n_tokens),
+        self.policies.train_mode(False)
+        return {**metrics, "distill/updated": 1.0, "distill/loss": loss_sum,
+                f"opsd/{self.cfg.opsd.divergence}": loss_sum,
+                "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(n_tokens),
+                "distill/micro_batches": float(len(parts)),
                 "distill/time_teacher_s": timer.seconds["teacher"], "distill/time_student_s": timer.seconds["student"],
-                "distill/tokens_per_s": s_batch.n_tokens / max(timer.total(), 1e-9)}
+                "distill/tokens_per_s": n_tokens / max(timer.total(), 1e-9)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"student_optimizer": self.optimizer.state_dict()}

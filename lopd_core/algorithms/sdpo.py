@@ -27,12 +27,13 @@ from lopd_core.algorithms.base import (
     clip_and_step,
     gather_tokens,
     make_adamw,
+    micro_batches,
     model_logprobs,
     skipped_metrics,
     student_logprobs,
     usable_rollouts,
 )
-from lopd_core.algorithms.batch import student_batch, teacher_batch, to_padded
+from lopd_core.algorithms.batch import student_batch, teacher_batch
 from lopd_core.algorithms.context import SDPO_FRAMING_BEFORE, sdpo_context
 from lopd_core.models.latent import text_context_prompt
 from lopd_core.models.policy import STUDENT, STUDENT_EMA, PolicySet, hidden_states, logprobs_at
@@ -99,32 +100,44 @@ class SDPO:
             return {**metrics, "distill/updated": 0.0}
         rows = [inputs.trajectories[i] for i in chosen]
         pad, device = tok.pad_token_id, self.policies.device
-        t_batch = teacher_batch(rows, prompts, pad_id=pad, device=device)
-        s_batch = student_batch(rows, pad_id=pad, device=device)
-        mask, targets = s_batch.mask, s_batch.target_ids[s_batch.mask.bool()]
-
-        # --- teacher: EMA student + sibling/feedback text (no grad) ------------------------------------
-        with timer("teacher"), torch.no_grad():
-            teacher_lp = self._teacher_logprobs(t_batch)
-        # --- student: IS-weighted top-K + tail reverse KL, one optimizer step, then the EMA update -------
+        parts = micro_batches(len(rows), self.cfg.micro_batch)
+        batches = [(teacher_batch(rows[part], prompts[part], pad_id=pad, device=device),
+                    student_batch(rows[part], pad_id=pad, device=device)) for part in parts]
+        n_tokens = sum(s_batch.n_tokens for _, s_batch in batches)
+        loss_sum, kl_sum, weight_sum = 0.0, 0.0, 0.0
+        for t_batch, s_batch in batches:  # Σ (slice sum / all tokens): the global token mean
+            mask, targets = s_batch.mask, s_batch.target_ids[s_batch.mask.bool()]
+            # --- teacher: EMA student + sibling/feedback text (no grad) --------------------------------
+            with timer("teacher"), torch.no_grad():
+                self.policies.train_mode(False)
+                teacher_lp = self._teacher_logprobs(t_batch)
+            # --- student: IS-weighted top-K + tail reverse KL ---------------------------------------------
+            with timer("student"):
+                self.policies.train_mode(True)
+                s_lp = student_logprobs(self.policies, s_batch)
+                support = s_lp.detach().topk(self.sdpo.top_k, dim=-1).indices
+                kl = losses.topm_tail_reverse_kl(s_lp.gather(-1, support), teacher_lp.gather(-1, support),
+                                                 grad_to="student")
+                weight = losses.clipped_importance_weight(gather_tokens(s_lp, targets),
+                                                          s_batch.behaviour_logprobs[mask.bool()], clip=self.sdpo.is_clip)
+                loss = (weight * kl).sum() / max(n_tokens, 1)
+                loss.backward()
+                loss_sum += float(loss.detach())
+                kl_sum += float(kl.detach().sum())
+                weight_sum += float(weight.detach().sum())
+                del teacher_lp, s_lp, kl, weight, loss
+        # --- one optimizer step for the whole batch, then the EMA update ---------------------------------
         with timer("student"):
-            self.policies.train_mode(True)
-            s_lp = student_logprobs(self.policies, s_batch)
-            support = s_lp.detach().topk(self.sdpo.top_k, dim=-1).indices
-            kl = losses.topm_tail_reverse_kl(s_lp.gather(-1, support), teacher_lp.gather(-1, support), grad_to="student")
-            weight = losses.clipped_importance_weight(gather_tokens(s_lp, targets), s_batch.behaviour_logprobs[mask.bool()],
-                                                      clip=self.sdpo.is_clip)
-            loss = losses.global_token_mean(to_padded(weight * kl, mask), mask)
-            loss.backward()
             grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
             self._update_ema()
             self.policies.train_mode(False)
-        return {**metrics, "distill/updated": 1.0, "distill/loss": float(loss.detach()),
-                "sdpo/kl_topk": float(losses.global_token_mean(to_padded(kl.detach(), mask), mask)),
-                "sdpo/is_weight_mean": float(weight.mean()),
-                "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(s_batch.n_tokens),
+        return {**metrics, "distill/updated": 1.0, "distill/loss": loss_sum,
+                "sdpo/kl_topk": kl_sum / max(n_tokens, 1),
+                "sdpo/is_weight_mean": weight_sum / max(n_tokens, 1),
+                "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(n_tokens),
+                "distill/micro_batches": float(len(parts)),
                 "distill/time_teacher_s": timer.seconds["teacher"], "distill/time_student_s": timer.seconds["student"],
-                "distill/tokens_per_s": s_batch.n_tokens / max(timer.total(), 1e-9)}
+                "distill/tokens_per_s": n_tokens / max(timer.total(), 1e-9)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"student_optimizer": self.optimizer.state_dict(),

@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from lopd_core import losses
 from lopd_core.algorithms.base import (
@@ -34,6 +35,7 @@ from lopd_core.algorithms.base import (
     clip_and_step,
     gather_tokens,
     make_adamw,
+    micro_batches,
     model_logprobs,
     skipped_metrics,
     student_logprobs,
@@ -191,52 +193,67 @@ class SkillSD:
                            if skill else None)
         has_skill = torch.tensor([p is not None for p in prompts], dtype=torch.float32, device=self.policies.device)
         pad, device = tok.pad_token_id, self.policies.device
-        s_batch = student_batch(rows, pad_id=pad, device=device)
-        mask, targets = s_batch.mask, s_batch.target_ids[s_batch.mask.bool()]
         teacher_prompts = [p if p is not None else _plain_prompt(t) for p, t in zip(prompts, rows, strict=True)]
-        t_batch = teacher_batch(rows, teacher_prompts, pad_id=pad, device=device)
         advantages = group_advantages(inputs, usable, device)
-
-        # --- teacher: the live student with the skill, no grad -----------------------------------------
-        with timer("teacher"), torch.no_grad():
-            teacher_token = torch.zeros_like(mask)
-            if bool(has_skill.any()):
-                teacher_token = to_padded(gather_tokens(self._teacher_logprobs(t_batch), targets), mask)
-        # --- student: PPO-clip + λ·IS-weighted sampled-token reverse KL, one optimizer step --------------
-        with timer("student"):
-            self.policies.train_mode(True)
-            s_lp = student_logprobs(self.policies, s_batch)
-            token_lp = to_padded(gather_tokens(s_lp, targets), mask)
-            del s_lp
-            ppo = losses.ppo_clip_loss(token_lp, token_lp.detach(), advantages[:, None],
-                                       clip_low=self.skill_cfg.clip_low, clip_high=self.skill_cfg.clip_high)
-            kl = losses.sampled_token_reverse_kl(token_lp, teacher_token, s_batch.behaviour_logprobs,
-                                                 is_clip=self.skill_cfg.is_clip) * has_skill[:, None]
-            loss = losses.global_token_mean(ppo + self.skill_cfg.kl_weight * kl, mask)
-            loss.backward()
+        parts = micro_batches(len(rows), self.cfg.micro_batch)
+        batches = [(teacher_batch(rows[part], teacher_prompts[part], pad_id=pad, device=device),
+                    student_batch(rows[part], pad_id=pad, device=device)) for part in parts]
+        n_tokens = sum(s_batch.n_tokens for _, s_batch in batches)
+        loss_sum, ppo_sum, kl_sum = 0.0, 0.0, 0.0
+        deltas, masks = [], []  # per rollout, for the bandit update
+        for part, (t_batch, s_batch) in zip(parts, batches, strict=True):  # Σ (slice sum / all tokens)
+            mask, targets = s_batch.mask, s_batch.target_ids[s_batch.mask.bool()]
+            # --- teacher: the live student with the skill, no grad -------------------------------------
+            with timer("teacher"), torch.no_grad():
+                self.policies.train_mode(False)
+                teacher_token = torch.zeros_like(mask)
+                if bool(has_skill[part].any()):
+                    teacher_token = to_padded(gather_tokens(self._teacher_logprobs(t_batch), targets), mask)
+            # --- student: PPO-clip + λ·IS-weighted sampled-token reverse KL ------------------------------
+            with timer("student"):
+                self.policies.train_mode(True)
+                s_lp = student_logprobs(self.policies, s_batch)
+                token_lp = to_padded(gather_tokens(s_lp, targets), mask)
+                del s_lp
+                ppo = losses.ppo_clip_loss(token_lp, token_lp.detach(), advantages[part][:, None],
+                                           clip_low=self.skill_cfg.clip_low, clip_high=self.skill_cfg.clip_high)
+                kl = losses.sampled_token_reverse_kl(token_lp, teacher_token, s_batch.behaviour_logprobs,
+                                                     is_clip=self.skill_cfg.is_clip) * has_skill[part][:, None]
+                loss = ((ppo + self.skill_cfg.kl_weight * kl) * mask).sum() / max(n_tokens, 1)
+                loss.backward()
+                loss_sum += float(loss.detach())
+                ppo_sum += float((ppo.detach() * mask).sum())
+                kl_sum += float((kl.detach() * mask).sum())
+            delta = losses.privilege_delta(teacher_token, token_lp.detach())
+            deltas += list(delta)
+            masks += list(mask)
+            del token_lp, ppo, kl, loss, teacher_token, delta
+        with timer("student"):  # one optimizer step for the whole batch
             grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
             self.policies.train_mode(False)
         # --- bandit update: outcome-signed privilege of the chosen skill on its group --------------------
         rewards = torch.tensor([t.reward for t in rows], dtype=torch.float32, device=device)
-        delta = losses.privilege_delta(teacher_token, token_lp.detach())
-        group_of = torch.tensor([i // g for i in usable], device=device)
+        group_of = [i // g for i in usable]
         arm_rewards = []
         for group, skill in chosen_skill.items():
-            members = (group_of == group)
-            if members.any():
-                value = float(losses.token_weighted_margin(delta[members], rewards[members], mask[members]))
+            members = [n for n, grp in enumerate(group_of) if grp == group]
+            if members:
+                delta = pad_sequence([deltas[n] for n in members], batch_first=True)
+                mask = pad_sequence([masks[n] for n in members], batch_first=True)
+                value = float(losses.token_weighted_margin(delta, rewards[members], mask))
                 arm_reward = 0.5 * (1.0 + math.tanh(value))
                 self.bank.update(skill, arm_reward)
                 arm_rewards.append(arm_reward)
-        return {**metrics, "distill/updated": 1.0, "distill/loss": float(loss.detach()),
-                "skill_sd/ppo": float(losses.global_token_mean(ppo.detach(), mask)),
-                "skill_sd/sampled_kl": float(losses.global_token_mean(kl.detach(), mask)),
+        return {**metrics, "distill/updated": 1.0, "distill/loss": loss_sum,
+                "skill_sd/ppo": ppo_sum / max(n_tokens, 1),
+                "skill_sd/sampled_kl": kl_sum / max(n_tokens, 1),
                 "skill_sd/groups_with_skill": float(len(chosen_skill)), "skill_sd/bank_size": float(len(self.bank.skills)),
                 "skill_sd/arm_reward_mean": sum(arm_rewards) / len(arm_rewards) if arm_rewards else 0.0,
                 "budget/skill_generations": float(generations),
-                "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(s_batch.n_tokens),
+                "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(n_tokens),
+                "distill/micro_batches": float(len(parts)),
                 "distill/time_teacher_s": timer.seconds["teacher"], "distill/time_student_s": timer.seconds["student"],
-                "distill/tokens_per_s": s_batch.n_tokens / max(timer.total(), 1e-9)}
+                "distill/tokens_per_s": n_tokens / max(timer.total(), 1e-9)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"student_optimizer": self.optimizer.state_dict(), "skill_bank": self.bank.state_dict()}
