@@ -13,7 +13,6 @@ deployment ``prefect deployment run lopd-compare/lopd-compare -p suite=codegen``
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -24,15 +23,13 @@ from flows.common import config, training_slot, transient
 
 
 def _comparison(profile: str, overrides: list[str], params: dict[str, Any]):
-    from lopd_core.compare import parse_seeds_for, plan_comparison
+    from lopd_core.compare import parse_seeds_for, plan_comparison, split_names
     from lopd_core.workspace import Workspace
 
     cfg = config(profile, overrides)
     root = Path(params["root"] or Workspace.from_config(cfg.workspace).ensure().home / "compare" / params["suite"])
-    split = [m.strip() for m in params["methods"].split(",") if m.strip()]
-    return plan_comparison(cfg, suite=params["suite"], methods=split, budget=params["budget"],
-                           seeds=params["seeds"], root=root,
-                           ablations=[a.strip() for a in params["ablations"].split(",") if a.strip()],
+    return plan_comparison(cfg, suite=params["suite"], methods=split_names(params["methods"]), budget=params["budget"],
+                           seeds=params["seeds"], root=root, ablations=split_names(params["ablations"]),
                            seeds_by_method=parse_seeds_for(params["seeds_for"]),
                            eval_every=params["eval_every"] or None, eval_tasks=params["eval_tasks"] or None,
                            seed_episodes=params["seed_episodes"] or None)
@@ -57,15 +54,13 @@ def compare_flow(suite: str = "toolworld", methods: str = "lopd,grpo,opsd,sdpo,s
                  overrides: list[str] | None = None) -> dict:
     """Every run of the comparison (resuming finished ones), then the report as files and artifacts."""
     from lopd_core.compare_report import machine_description, summarize, write_report
-    from lopd_core.workspace import Workspace
 
     overrides = list(overrides or [])
     params = {"suite": suite, "methods": methods, "budget": budget, "seeds": seeds, "seeds_for": seeds_for,
               "ablations": ablations, "eval_every": eval_every, "eval_tasks": eval_tasks,
               "seed_episodes": seed_episodes, "root": root}
     comp, specs = _comparison(profile, overrides, params)  # a bad plan fails here, before any work
-    cfg = config(profile, overrides)
-    with training_slot(cfg.cycle.concurrency_limit_name, Workspace.from_config(cfg.workspace).ensure().home):
+    with training_slot(comp.cfg.cycle.concurrency_limit_name, comp.ws.home):
         bank_task(profile, overrides, params)
         runs = [run_task.with_options(task_run_name=f"run-{spec.key}")(profile, overrides, params, spec.key)
                 for spec in specs]
@@ -73,11 +68,11 @@ def compare_flow(suite: str = "toolworld", methods: str = "lopd,grpo,opsd,sdpo,s
     out = Path(report_dir) if report_dir else Path("reports") / f"{suite}-{date.today().isoformat()}"
     command = f"flow lopd-compare, parameters {json.dumps({**params, 'profile': profile, 'overrides': overrides})}"
     summary = summarize(result, write_report(result, out, machine=machine_description(), command=command))
-    publish_artifacts(summary, out, [asdict(s) for s in specs])
+    publish_artifacts(summary, out, n_runs=len(specs))
     return summary
 
 
-def publish_artifacts(summary: dict, report_dir: Path, specs: list[dict]) -> None:
+def publish_artifacts(summary: dict, report_dir: Path, *, n_runs: int) -> None:
     """The report (with its curves inlined) as a markdown artifact and the final scores as a table."""
     import base64
 
@@ -92,7 +87,7 @@ def publish_artifacts(summary: dict, report_dir: Path, specs: list[dict]) -> Non
     create_markdown_artifact(text, key=f"{key}-report", description=f"lopd compare on {summary['suite']}")
     rows = [{"run": name, "seeds": len(values), "final_success": ", ".join(f"{v:.3f}" for v in values)}
             for name, values in summary["final_success"].items()]
-    create_table_artifact(rows, key=f"{key}-final", description=f"final held-out success ({len(specs)} runs)")
+    create_table_artifact(rows, key=f"{key}-final", description=f"final held-out success ({n_runs} runs)")
 
 
 if __name__ == "__main__":

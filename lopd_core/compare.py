@@ -327,12 +327,15 @@ class _preserved_rng:
         torch.set_rng_state(self.state[2])
 
 
+def split_names(value: str) -> list[str]:
+    """``'lopd, grpo,'`` → ``['lopd', 'grpo']`` (the comma-separated method and ablation lists)."""
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
 def parse_seeds_for(value: str) -> dict[str, int]:
     """``'lopd=3,grpo=3'`` → ``{'lopd': 3, 'grpo': 3}``; a clear error for anything else."""
     seeds: dict[str, int] = {}
-    for item in (v.strip() for v in value.split(",")):
-        if not item:
-            continue
+    for item in split_names(value):
         name, _, n = item.partition("=")
         if not n.strip().isdigit():
             raise ValueError(f"seeds-for expects name=count pairs like 'lopd=3,sdpo=1' (got {item!r})")

@@ -23,10 +23,6 @@ from lopd_core.commands.common import (
 )
 
 
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
 def compare(
     suite: Annotated[str, typer.Option(help="Task suite.")] = "toolworld",
     methods: Annotated[str, typer.Option(help="Comma-separated: lopd,grpo,opsd,sdpo,skill_sd,none.")] = "lopd,grpo,opsd,sdpo,skill_sd,none",
@@ -44,7 +40,7 @@ def compare(
     as_json: JsonFlag = False,
 ):
     """Compare LOPD against the baselines under one rollout budget (resumable); writes a Markdown + PNG report."""
-    from lopd_core.compare import parse_seeds_for, run_comparison
+    from lopd_core.compare import parse_seeds_for, run_comparison, split_names
     from lopd_core.compare_report import machine_description, summarize, write_report
 
     cfg = load(profile, set_)
@@ -56,8 +52,8 @@ def compare(
     root = root or ws.home / "compare" / suite
     report_dir = report_dir or Path("reports") / f"{suite}-{date.today().isoformat()}"
     try:
-        result = run_comparison(cfg, suite=suite, methods=_csv(methods), budget=budget, seeds=seeds, root=root,
-                                ablations=_csv(ablations), seeds_by_method=seeds_by_method,
+        result = run_comparison(cfg, suite=suite, methods=split_names(methods), budget=budget, seeds=seeds, root=root,
+                                ablations=split_names(ablations), seeds_by_method=seeds_by_method,
                                 eval_every=eval_every or None, eval_tasks=eval_tasks or None,
                                 seed_episodes=seed_episodes or None, log=log)
     except (ValueError, RuntimeError) as e:
