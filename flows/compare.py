@@ -67,7 +67,8 @@ def compare_flow(suite: str = "toolworld", methods: str = "lopd,grpo,opsd,sdpo,s
     result = comp.result(runs)
     out = Path(report_dir) if report_dir else Path("reports") / f"{suite}-{date.today().isoformat()}"
     command = f"flow lopd-compare, parameters {json.dumps({**params, 'profile': profile, 'overrides': overrides})}"
-    summary = summarize(result, write_report(result, out, machine=machine_description(), command=command))
+    summary = summarize(result, write_report(result, out, machine=machine_description(), command=command,
+                                                 home=comp.ws.home))
     publish_artifacts(summary, out, n_runs=len(specs))
     return summary
 

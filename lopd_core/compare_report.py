@@ -105,7 +105,10 @@ def _fmt(ms) -> str:
     return f"{m:.0%} ± {s:.0%}"
 
 
-def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command: str) -> Path:
+def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command: str,
+                 home: Path | None = None) -> Path:
+    """README.md, the two PNGs and results.json under ``out_dir``; paths under ``home`` (the workspace) are
+    written as ``$LOPD_HOME/…`` so that a committed report names no machine's directories."""
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = group_runs(result["runs"])
     suite = result["suite"]
@@ -121,17 +124,21 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
              f"{int(base.get('eval/n', 0))} test tasks (greedy).  ",
              f"Experience bank: {bank.get('successes')} successes in {bank.get('episodes')} base-model episodes → "
              f"{bank.get('experiences')} experiences (pre-training budget of lopd and opsd).  ",
-             f"Base model held-out success: {base.get('eval/success_rate', float('nan')):.3f}", "",
+             f"Base model held-out success: {base.get('eval/success_rate', float('nan')):.3f} "
+             f"(mean reward {base.get('eval/mean_reward', float('nan')):.3f})", "",
              "![curves](curves.png)", "", "## Final held-out success", "",
-             "| run | seeds | final success (mean ± std) | best point | wall time / run | generated tokens / run | "
-             "pre-training episodes |", "|---|---|---|---|---|---|---|"]
+             "Mean reward is the verifier's partial credit (share of tests passed, of checks met), so it moves "
+             "before success does.", "",
+             "| run | seeds | final success (mean ± std) | final mean reward | best point | wall time / run | "
+             "generated tokens / run | pre-training episodes |", "|---|---|---|---|---|---|---|---|"]
     for name, runs in sorted(groups.items(), key=lambda kv: (kv[0].startswith("lopd_"), kv[0])):
         m, s = mean_std([r["final_success"] for r in runs])
         best = max(p["success_rate"] for r in runs for p in r["curve"])
         wall = statistics.fmean(r["wall_s"] for r in runs)
         toks = statistics.fmean(r["generated_tokens"] for r in runs)
-        lines.append(f"| {name} | {len(runs)} | {m:.3f} ± {s:.3f} | {best:.3f} | {wall / 60:.1f} min | {toks:,.0f} | "
-                     f"{runs[0]['pretraining_episodes']} |")
+        rm, rs = mean_std([r["curve"][-1].get("mean_reward", float("nan")) for r in runs])
+        lines.append(f"| {name} | {len(runs)} | {m:.3f} ± {s:.3f} | {rm:.3f} ± {rs:.3f} | {best:.3f} | "
+                     f"{wall / 60:.1f} min | {toks:,.0f} | {runs[0]['pretraining_episodes']} |")
     ratios = budget_ratios(groups)
     if ratios:
         lines += ["", "## Rollouts LOPD needs to reach each baseline's final score", "",
@@ -149,7 +156,10 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
     for r in result["runs"]:
         pts = ", ".join(f"{p['episodes']}:{p['success_rate']:.3f}" for p in r["curve"])
         lines.append(f"- `{r['run']}`: {pts}")
-    (out_dir / "results.json").write_text(json.dumps(result, indent=2, default=str))
+    text = json.dumps(result, indent=2, default=str)
+    if home is not None:
+        text = text.replace(json.dumps(str(home))[1:-1], "$LOPD_HOME")
+    (out_dir / "results.json").write_text(text)
     path = out_dir / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -29,6 +29,12 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir):
     assert lopd["pretraining_episodes"] > 0 and grpo["pretraining_episodes"] == 0
     text = (report / "README.md").read_text()
     assert "Rollouts LOPD needs" in text and (report / "curves.png").stat().st_size > 1000
+    # the final table shows the partial-credit reward next to success, from the last evaluation point
+    lopd_row = next(line for line in text.splitlines() if line.startswith("| lopd |"))
+    assert f"| {lopd['curve'][-1]['mean_reward']:.3f} ± 0.000 |" in lopd_row
+    # the committed results name the workspace as $LOPD_HOME, not this machine's directory
+    results = (report / "results.json").read_text()
+    assert str(home) not in results and "$LOPD_HOME/compare/toolworld/runs/lopd-s0" in results
 
     # resume: finished runs are not redone, a new method is added to the same comparison
     mtime = (runs / "lopd-s0" / "result.json").stat().st_mtime

@@ -59,7 +59,8 @@ def compare(
     except (ValueError, RuntimeError) as e:
         fail(str(e))
     command = "lopd compare " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    summary = summarize(result, write_report(result, report_dir, machine=machine_description(), command=command))
+    summary = summarize(result, write_report(result, report_dir, machine=machine_description(), command=command,
+                                                 home=ws.home))
     if as_json:
         emit_json(summary)
     else:

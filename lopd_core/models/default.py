@@ -75,10 +75,15 @@ def _sha256(path: Path, chunk: int = 1 << 22) -> str:
 def _greedy_ids(model, tokenizer) -> list[int]:
     import torch
 
+    from lopd_core.rollout.chat import end_of_turn_ids
+
     enc = tokenizer.apply_chat_template(CHECK_PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    # Stop ids given explicitly, as the engines do: the default generation configs of the GGUF-loaded and the
+    # saved model differ between transformers releases (5.17 saves one that does not stop at <|im_end|>).
     with torch.no_grad():
         out = model.generate(
-            **enc, max_new_tokens=CHECK_NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            **enc, max_new_tokens=CHECK_NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=end_of_turn_ids(tokenizer),
         )
     return out[0, enc["input_ids"].shape[1] :].tolist()
 

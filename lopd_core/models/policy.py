@@ -276,6 +276,14 @@ def copy_adapter(policies: PolicySet, source: str, target: str) -> None:
                 p.copy_(src[n.replace(f".{target}.", ".")])
 
 
+def _enable_checkpointing(model: Any) -> None:
+    """Non-reentrant activation checkpointing (transformers 5.24 renamed the method; older releases have the old name)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def build_policy_set(model_cfg, lopd_cfg, models_dir: Path, *, device: str | None = None) -> PolicySet:
     """Load the configured base once, wrap it with the encoder adapter (and the student adapter or a full student)."""
     import copy
@@ -293,9 +301,9 @@ def build_policy_set(model_cfg, lopd_cfg, models_dir: Path, *, device: str | Non
         full_student = copy.deepcopy(base)
         full_student.requires_grad_(True)
     if model_cfg.gradient_checkpointing:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if full_student is not None:
-            full_student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for model in (base, full_student):
+            if model is not None:
+                _enable_checkpointing(model)
     peft_model = get_peft_model(base, _lora_config(rank=lopd_cfg.encoder_lora_rank, alpha=lopd_cfg.encoder_lora_alpha,
                                                    targets=model_cfg.lora_targets), adapter_name=ENCODER)
     policies = PolicySet(base=peft_model, tokenizer=tokenizer, student_kind=model_cfg.student, base_model=model_cfg.base,
