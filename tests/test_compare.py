@@ -73,3 +73,18 @@ def test_compare_flow_runs_each_run_as_a_task_and_publishes_the_report(tmp_path,
     assert "data:image/png;base64," in arts["compare-toolworld-report"].data
     assert "Rollouts LOPD needs" in arts["compare-toolworld-report"].data
     assert {r["run"] for r in json.loads(arts["compare-toolworld-final"].data)} == {"lopd", "none"}
+
+
+def test_run_order_is_seed_major_then_ablations_and_names_are_checked():
+    import pytest
+
+    from lopd_core.compare import run_specs
+
+    specs = run_specs(["lopd", "grpo", "sdpo"], 3, seeds_by_method={"sdpo": 1}, ablations=["lopd_m0", "lopd_k8"])
+    assert [s.key for s in specs] == ["lopd-s0", "grpo-s0", "sdpo-s0", "lopd-s1", "grpo-s1", "lopd-s2", "grpo-s2",
+                                      "lopd_m0-s0", "lopd_k8-s0"]
+    assert specs[-1].overrides == {"distill.method": "lopd", "distill.lopd.n_latents": 8}
+    with pytest.raises(ValueError, match="unknown ablation 'lopd_k9'"):
+        run_specs(["lopd"], 1, ablations=["lopd_k9"])
+    with pytest.raises(ValueError, match="unknown method 'ppo'"):
+        run_specs(["ppo"], 1)
