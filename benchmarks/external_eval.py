@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bfcl", type=int, default=8)
     parser.add_argument("--bfcl-levels", type=int, nargs="+", default=[1])
     parser.add_argument("--humaneval", type=int, default=8)
+    parser.add_argument("--runs", nargs="+", default=None,
+                        help="run keys to score (e.g. lopd-s0 grpo-s0); default: every finished run")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/external_eval_<suite>.json")
     args = parser.parse_args(argv)
 
@@ -40,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     policies = build_policies(cfg, models_dir=Workspace.from_config(cfg.workspace).models_dir)
     runs = {"base": None}
     for result in sorted(args.root.glob("runs/*/result.json")):
-        runs[result.parent.name] = result.parent / "train" / "final" / "student"
+        if args.runs is None or result.parent.name in args.runs:
+            runs[result.parent.name] = result.parent / "train" / "final" / "student"
+    if args.runs is not None and (missing := set(args.runs) - set(runs)):
+        parser.error(f"no finished run {', '.join(sorted(missing))} under {args.root / 'runs'}")
     rows = []
     for name, student in runs.items():
         if student is not None:
@@ -61,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     suite_name = args.root.name
     out = args.out or RESULTS / f"external_eval_{suite_name}.json"
-    out.write_text(json.dumps({"benchmark": f"external_eval_{suite_name}",
-                               "command": "python -m benchmarks.external_eval " + " ".join(argv or []),
-                               "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": {"cpus": 2},
+    home = str(Workspace.from_config(cfg.workspace).home)
+    command = "python -m benchmarks.external_eval " + " ".join(argv or []).replace(home, "$LOPD_HOME")
+    out.write_text(json.dumps({"benchmark": f"external_eval_{suite_name}", "command": command,
+                               "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": {"cpus": os.cpu_count()},
                                "results": rows}, indent=2))
     return 0
 

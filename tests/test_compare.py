@@ -14,7 +14,7 @@ def _compare(home, models_dir, report, methods):
         capture_output=True, text=True, env={**os.environ, "LOPD_HOME": str(home)}, timeout=900)
 
 
-def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir):
+def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypatch):
     home, report = tmp_path / "ws", tmp_path / "report"
     first = _compare(home, models_dir, report, "lopd,grpo")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -42,6 +42,18 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir):
     assert second.returncode == 0, second.stderr[-3000:]
     assert (runs / "lopd-s0" / "result.json").stat().st_mtime == mtime
     assert "none" in json.loads(second.stdout.strip().splitlines()[-1])["final_success"]
+
+    # external benchmarks (BFCL single-turn, HumanEval in the sandbox) on a chosen run's final student
+    from benchmarks import external_eval
+
+    out = tmp_path / "external.json"
+    monkeypatch.setenv("LOPD_HOME", str(home))
+    assert external_eval.main(["--root", str(home / "compare" / "toolworld"), "--profile", "smoke", "--runs",
+                               "lopd-s0", "--bfcl", "1", "--humaneval", "1", "--out", str(out)]) == 0
+    external = json.loads(out.read_text())
+    assert [r["run"] for r in external["results"]] == ["base", "lopd-s0"]
+    assert all(r["bfcl_l1"]["n"] == 1 and r["humaneval_l1"]["n"] == 1 for r in external["results"])
+    assert str(home) not in external["command"] and "$LOPD_HOME/compare/toolworld" in external["command"]
 
 
 def test_compare_flow_runs_each_run_as_a_task_and_publishes_the_report(tmp_path, models_dir, monkeypatch):
