@@ -34,6 +34,9 @@ import numpy as np
 import torch
 
 BASELINES = ("lopd", "grpo", "opsd", "sdpo", "skill_sd", "none")
+SIGNALS = ("rollout/success_rate", "distill/updated", "distill/student_grad_norm", "distill/kl_topk",
+           "distill/privilege_delta", "distill/beta")
+"""Per-step metrics summarised into every run's result for the report's "training signals" table."""
 ABLATIONS: dict[str, dict[str, Any]] = {
     "lopd_frozen": {"distill.lopd.frozen_composer": True},
     "lopd_m0": {"distill.lopd.margin": 0.0},
@@ -295,9 +298,27 @@ class Comparison:
             raise
 
     def result(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
-        """What the report is made of: the shared assets and the run summaries."""
+        """What the report is made of: the shared assets and the run summaries (with their training signals)."""
+        runs = [{**r, "signals": self.training_signals(r["mlflow_run_id"])} if r.get("mlflow_run_id") else r
+                for r in runs]
         return {"suite": self.suite_name, "root": str(self.root), "shared": self._state(), "runs": runs,
                 "budget": self.budget}
+
+    def training_signals(self, run_id: str) -> dict[str, dict[str, float]]:
+        """A run's per-step training metrics (read back from its MLflow run), as first / last / mean / count.
+
+        What the report uses to show *why* a curve moved or did not: on-policy success, how many steps
+        updated at all (GRPO skips groups without reward spread), gradient sizes, and LOPD's KL, privilege Δ
+        and dual variable β. A step logged twice (a resumed step) counts once, with its last value."""
+        out = {}
+        for key in SIGNALS:
+            by_step = {m.step: m.value for m in sorted(self.registry.client.get_metric_history(run_id, key),
+                                                          key=lambda m: m.timestamp)}
+            values = [by_step[s] for s in sorted(by_step)]
+            if values:
+                out[key] = {"first": values[0], "last": values[-1], "mean": statistics.fmean(values),
+                            "steps": len(values)}
+        return out
 
     def note_wall(self, spec: RunSpec, seconds: float) -> None:
         """Accumulate the wall time of interrupted attempts (so resumed runs report their whole cost)."""

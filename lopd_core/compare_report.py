@@ -152,6 +152,7 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
             lines.append(f"| {r['baseline']} (n={r['baseline_seeds']}){trivial} | {r['baseline_final']:.3f} ± "
                          f"{r['baseline_final_std']:.3f} | {r['lopd_seeds_reaching']}/{r['lopd_seeds']} | "
                          f"{_fmt(r['ratio'])} | {_fmt(r['ratio_with_pretraining'])} |")
+    lines += signals_section(groups)
     lines += ["", "![curves incl. pre-training](curves_with_pretraining.png)", "", "## Curves (all points)", ""]
     for r in result["runs"]:
         pts = ", ".join(f"{p['episodes']}:{p['success_rate']:.3f}" for p in r["curve"])
@@ -163,6 +164,33 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
     path = out_dir / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _signal(runs: list[dict[str, Any]], key: str, field: str, fmt: str) -> str:
+    values = [r["signals"][key][field] for r in runs if key in r.get("signals", {})]
+    return format(statistics.fmean(values), fmt) if values else "–"
+
+
+def signals_section(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Per-step training metrics of every run (mean over its seeds): what moved while the curves did or did not."""
+    if not any(r.get("signals") for runs in groups.values() for r in runs):
+        return []
+    lines = ["", "## Training signals", "",
+             "Per-step metrics from each run's MLflow run, averaged over its seeds: on-policy success of the "
+             "training rollouts, the share of steps that updated the student at all, the student's gradient norm, "
+             "and for LOPD the top-M KL to the teacher, the outcome-signed privilege Δ (the margin constraint "
+             "asks for Δ ≥ m) and the dual variable β at the end.", "",
+             "| run | train success (mean over steps) | steps with an update | student grad norm (mean) | "
+             "KL top-M first → last | Δ mean | β last |", "|---|---|---|---|---|---|---|"]
+    for name, runs in sorted(groups.items(), key=lambda kv: (kv[0].startswith("lopd_"), kv[0])):
+        kl = (f"{_signal(runs, 'distill/kl_topk', 'first', '.4f')} → {_signal(runs, 'distill/kl_topk', 'last', '.4f')}"
+              if any("distill/kl_topk" in r.get("signals", {}) for r in runs) else "–")
+        lines.append(f"| {name} | {_signal(runs, 'rollout/success_rate', 'mean', '.3f')} | "
+                     f"{_signal(runs, 'distill/updated', 'mean', '.0%')} | "
+                     f"{_signal(runs, 'distill/student_grad_norm', 'mean', '.3g')} | {kl} | "
+                     f"{_signal(runs, 'distill/privilege_delta', 'mean', '.4f')} | "
+                     f"{_signal(runs, 'distill/beta', 'last', '.3f')} |")
+    return lines
 
 
 def machine_description() -> str:

@@ -32,6 +32,12 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     # the final table shows the partial-credit reward next to success, from the last evaluation point
     lopd_row = next(line for line in text.splitlines() if line.startswith("| lopd |"))
     assert f"| {lopd['curve'][-1]['mean_reward']:.3f} ± 0.000 |" in lopd_row
+    # training signals, read back from each run's MLflow metrics: every step once; LOPD's Δ and β, none for GRPO
+    signals = {r["run"]: r["signals"] for r in json.loads((report / "results.json").read_text())["runs"]}
+    assert signals["lopd-s0"]["rollout/success_rate"]["steps"] == 2 == signals["grpo-s0"]["distill/updated"]["steps"]
+    assert "distill/beta" in signals["lopd-s0"] and "distill/privilege_delta" not in signals["grpo-s0"]
+    grpo_row = next(line for line in text.split("## Training signals")[1].splitlines() if line.startswith("| grpo |"))
+    assert grpo_row.endswith("| – | – | – |")
     # the committed results name the workspace as $LOPD_HOME, not this machine's directory
     results = (report / "results.json").read_text()
     assert str(home) not in results and "$LOPD_HOME/compare/toolworld/runs/lopd-s0" in results
