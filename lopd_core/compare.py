@@ -370,11 +370,13 @@ def parse_seeds_for(value: str) -> dict[str, int]:
 def plan_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
                     ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
                     eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
-                    log=print) -> tuple[Comparison, list[RunSpec]]:
-    """The comparison and its runs, in order (``plan.json`` under the root records them)."""
+                    log=print, record: bool = True) -> tuple[Comparison, list[RunSpec]]:
+    """The comparison and its runs, in order (``plan.json`` under the root records them unless ``record=False``)."""
     comp = Comparison(cfg, suite=suite, budget=budget, root=root, eval_every=eval_every, eval_tasks=eval_tasks,
                       seed_episodes=seed_episodes, log=log)
     specs = run_specs(methods, seeds, ablations=ablations, seeds_by_method=seeds_by_method)
+    if not record:
+        return comp, specs
     (comp.root / "plan.json").write_text(json.dumps({"suite": suite, "budget": comp.budget,
                                                      "steps": comp.cfg.distill.steps,
                                                      "tasks_per_step": comp.cfg.distill.tasks_per_step,
@@ -387,11 +389,22 @@ def plan_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: 
 def run_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
                    ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
                    eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
-                   log=print) -> dict[str, Any]:
-    """Run (or resume) every run of the comparison; returns all run summaries."""
+                   log=print, report_only: bool = False) -> dict[str, Any]:
+    """Run (or resume) every run of the comparison; returns all run summaries.
+
+    ``report_only``: run nothing, return the runs of this plan that have finished so far (a look at a long
+    comparison while it runs, possibly in another process)."""
     comp, specs = plan_comparison(cfg, suite=suite, methods=methods, budget=budget, seeds=seeds, root=root,
                                   ablations=ablations, seeds_by_method=seeds_by_method, eval_every=eval_every,
-                                  eval_tasks=eval_tasks, seed_episodes=seed_episodes, log=log)
+                                  eval_tasks=eval_tasks, seed_episodes=seed_episodes, log=log,
+                                  record=not report_only)
+    if report_only:
+        done = [comp.root / "runs" / s.key / "result.json" for s in specs]
+        results = [json.loads(p.read_text()) for p in done if p.exists()]
+        if not results:
+            raise RuntimeError(f"no run of this plan has finished yet under {comp.root / 'runs'}")
+        log(f"report of {len(results)}/{len(specs)} finished runs")
+        return comp.result(results)
     comp.bank()
     results = []
     for i, spec in enumerate(specs):

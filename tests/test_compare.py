@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 
-def _compare(home, models_dir, report, methods):
+def _compare(home, models_dir, report, methods, *extra):
     return subprocess.run(
         [sys.executable, "-m", "lopd_core.cli", "compare", "--profile", "smoke", "--set",
          f"workspace.models_dir={models_dir}", "--suite", "toolworld", "--methods", methods, "--budget", "4",
-         "--eval-every", "1", "--report-dir", str(report), "--json"],
+         "--eval-every", "1", "--report-dir", str(report), "--json", *extra],
         capture_output=True, text=True, env={**os.environ, "LOPD_HOME": str(home)}, timeout=900)
 
 
@@ -41,6 +41,12 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     # the committed results name the workspace as $LOPD_HOME, not this machine's directory
     results = (report / "results.json").read_text()
     assert str(home) not in results and "$LOPD_HOME/compare/toolworld/runs/lopd-s0" in results
+
+    # --report-only: the finished runs of a larger plan, nothing run
+    partial = _compare(home, models_dir, tmp_path / "partial", "lopd,grpo,none", "--report-only")
+    assert partial.returncode == 0, partial.stderr[-3000:]
+    assert set(json.loads(partial.stdout.strip().splitlines()[-1])["final_success"]) == {"lopd", "grpo"}
+    assert not (runs / "none-s0").exists()
 
     # resume: finished runs are not redone, a new method is added to the same comparison
     mtime = (runs / "lopd-s0" / "result.json").stat().st_mtime

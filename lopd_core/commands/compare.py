@@ -35,6 +35,7 @@ def compare(
     seed_episodes: Annotated[int, typer.Option(help="Base-model episodes that seed the experience bank (default: rollout.n_tasks).")] = 0,
     root: Annotated[Path | None, typer.Option(help="Work directory (default: <workspace>/compare/<suite>); reuse it to resume.")] = None,
     report_dir: Annotated[Path | None, typer.Option(help="Where the report goes (default: reports/<suite>-<date>).")] = None,
+    report_only: Annotated[bool, typer.Option("--report-only", help="Write the report from the runs finished so far; run nothing.")] = False,
     profile: Profile = "demo",
     set_: Overrides = None,
     as_json: JsonFlag = False,
@@ -55,7 +56,7 @@ def compare(
         result = run_comparison(cfg, suite=suite, methods=split_names(methods), budget=budget, seeds=seeds, root=root,
                                 ablations=split_names(ablations), seeds_by_method=seeds_by_method,
                                 eval_every=eval_every or None, eval_tasks=eval_tasks or None,
-                                seed_episodes=seed_episodes or None, log=log)
+                                seed_episodes=seed_episodes or None, log=log, report_only=report_only)
     except (ValueError, RuntimeError) as e:
         fail(str(e))
     command = "lopd compare " + " ".join(shlex.quote(a) for a in sys.argv[2:])
