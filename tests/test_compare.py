@@ -67,6 +67,16 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert all(r["bfcl_l1"]["n"] == 1 and r["humaneval_l1"]["n"] == 1 for r in external["results"])
     assert str(home) not in external["command"] and "$LOPD_HOME/compare/toolworld" in external["command"]
 
+    # the teacher-privilege probe: every teacher scored on the same held-out base episodes
+    from benchmarks import teacher_privilege
+
+    probe = tmp_path / "privilege.json"
+    assert teacher_privilege.main(["--root", str(home / "compare" / "toolworld"), "--profile", "smoke", "--runs",
+                                   "lopd-s0", "--eval-tasks", "2", "--out", str(probe)]) == 0
+    teachers = json.loads(probe.read_text())["teachers"]
+    assert set(teachers) == {"latent, cold-start φ0", "latent, lopd-s0 final", "text context"}
+    assert all(0.0 <= t["first_token_top1_agreement"] <= 1.0 for t in teachers.values())
+
 
 def test_compare_flow_runs_each_run_as_a_task_and_publishes_the_report(tmp_path, models_dir, monkeypatch):
     """The Prefect flow (ephemeral server): one task per run, the report on disk and as artifacts."""
