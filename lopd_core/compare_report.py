@@ -157,12 +157,13 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
     for r in result["runs"]:
         pts = ", ".join(f"{p['episodes']}:{p['success_rate']:.3f}" for p in r["curve"])
         lines.append(f"- `{r['run']}`: {pts}")
-    text = json.dumps(result, indent=2, default=str)
-    if home is not None:
-        text = text.replace(json.dumps(str(home))[1:-1], "$LOPD_HOME")
-    (out_dir / "results.json").write_text(text)
+    def scrub(text: str, home_text: str) -> str:
+        return text.replace(home_text, "$LOPD_HOME") if home is not None else text
+
+    (out_dir / "results.json").write_text(
+        scrub(json.dumps(result, indent=2, default=str), json.dumps(str(home))[1:-1]))
     path = out_dir / "README.md"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(scrub("\n".join(lines) + "\n", str(home)))
     return path
 
 

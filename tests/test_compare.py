@@ -43,8 +43,10 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert str(home) not in results and "$LOPD_HOME/compare/toolworld/runs/lopd-s0" in results
 
     # --report-only: the finished runs of a larger plan, nothing run
-    partial = _compare(home, models_dir, tmp_path / "partial", "lopd,grpo,none", "--report-only")
+    partial = _compare(home, models_dir, tmp_path / "partial", "lopd,grpo,none", "--report-only",
+                       "--root", str(home / "compare" / "toolworld"))
     assert partial.returncode == 0, partial.stderr[-3000:]
+    assert str(home) not in (tmp_path / "partial" / "README.md").read_text()  # the command names $LOPD_HOME
     assert set(json.loads(partial.stdout.strip().splitlines()[-1])["final_success"]) == {"lopd", "grpo"}
     assert not (runs / "none-s0").exists()
 
