@@ -1,0 +1,100 @@
+"""Which held-out tasks did training change? Per-task outcomes of the base model and of each run's final student.
+
+A comparison's curve is one number per evaluation point; when it stays flat (or falls) this says why, task by
+task: the base model and the final student of each ``--runs`` run play the comparison's held-out tasks
+greedily (the same tasks, seed and decoding as its evaluations) and for every task the reward, the success
+and whether the student's answer differs from the base model's are recorded.
+
+    python -m benchmarks.heldout_tasks --root $LOPD_HOME/compare/codegen --profile demo-codegen --eval-tasks 16 \
+        --runs lopd-s0 grpo-s0
+
+Per run it reports how many answers changed, how many tasks were gained and lost (success), how many changed
+reward up and down, and the mean reward; per task the family, the rewards and the verifier's feedback.
+Writes ``benchmarks/results/heldout_tasks_<suite>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _answer(trajectory) -> str:
+    return "\n".join(m.get("content") or json.dumps(m.get("tool_calls", ""))
+                     for m in trajectory.messages[trajectory.initial_messages:] if m["role"] == "assistant")
+
+
+def compare_to_base(base: list, student: list) -> dict[str, float]:
+    """Counts of a student's episodes against the base model's, task by task (same task order)."""
+    pairs = list(zip(base, student, strict=True))
+    return {"tasks": len(pairs),
+            "answers_changed": sum(_answer(b) != _answer(s) for b, s in pairs),
+            "gained": sum(s.success and not b.success for b, s in pairs),
+            "lost": sum(b.success and not s.success for b, s in pairs),
+            "reward_up": sum(s.reward > b.reward + 1e-9 for b, s in pairs),
+            "reward_down": sum(s.reward < b.reward - 1e-9 for b, s in pairs),
+            "mean_reward": sum(s.reward for s in student) / max(len(student), 1),
+            "success_rate": sum(s.success for s in student) / max(len(student), 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lopd_core.config import load_config
+    from lopd_core.evaluation import evaluate
+    from lopd_core.training import build_policies
+    from lopd_core.workspace import Workspace
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, required=True, help="a `lopd compare` work directory")
+    parser.add_argument("--profile", default="demo")
+    parser.add_argument("--suite", default=None, help="default: the root's folder name")
+    parser.add_argument("--eval-tasks", type=int, default=None,
+                        help="held-out tasks, as the comparison's --eval-tasks (default: the profile's evaluate.n_tasks)")
+    parser.add_argument("--runs", nargs="+", required=True, help="runs whose final student is played (e.g. lopd-s0)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    suite = args.suite or args.root.name
+    missing = [r for r in args.runs if not (args.root / "runs" / r / "result.json").exists()]
+    if missing:
+        parser.error(f"no finished run {', '.join(missing)} under {args.root / 'runs'}")
+    overrides = {"rollout.suite": suite, "evaluate.probe_n_tasks": 0, "evaluate.probe_prompts": 0}
+    cfg = load_config(args.profile, overrides | ({"evaluate.n_tasks": args.eval_tasks} if args.eval_tasks else {}))
+    ws = Workspace.from_config(cfg.workspace)
+    policies = build_policies(cfg, models_dir=ws.models_dir)
+    started = time.perf_counter()
+
+    def play(scope, name):
+        return evaluate(scope, policies.tokenizer, cfg=cfg, suite_name=suite, policy_version=name,
+                        with_probe=False).trajectories
+
+    base = play(policies.teacher, "base")
+    episodes = {}
+    for run in args.runs:
+        policies.load_student(args.root / "runs" / run / "train" / "final" / "student")
+        episodes[run] = play(policies.student, run)
+        print(run, json.dumps(compare_to_base(base, episodes[run])), flush=True)
+    tasks = [{"task_id": b.task_id, "family": b.family, "base_reward": b.reward, "base_feedback": b.feedback[:200],
+              **{f"{run}_reward": eps[i].reward for run, eps in episodes.items()},
+              **{f"{run}_changed": _answer(eps[i]) != _answer(b) for run, eps in episodes.items()}}
+             for i, b in enumerate(base)]
+    home = str(ws.home)
+    out = args.out or RESULTS / f"heldout_tasks_{suite}.json"
+    out.write_text(json.dumps({
+        "benchmark": f"heldout_tasks_{suite}",
+        "command": "python -m benchmarks.heldout_tasks " + " ".join(argv or []).replace(home, "$LOPD_HOME"),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.perf_counter() - started, 1),
+        "base": {"mean_reward": sum(b.reward for b in base) / max(len(base), 1),
+                 "success_rate": sum(b.success for b in base) / max(len(base), 1)},
+        "runs": {run: compare_to_base(base, eps) for run, eps in episodes.items()}, "tasks": tasks}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
