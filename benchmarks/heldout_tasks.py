@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.perf_counter() - started, 1),
         "base": {"mean_reward": sum(b.reward for b in base) / max(len(base), 1),
                  "success_rate": sum(b.success for b in base) / max(len(base), 1)},
-        "runs": {run: compare_to_base(base, eps) for run, eps in episodes.items()}, "tasks": tasks}, indent=2))
+        "students": {run: compare_to_base(base, eps) for run, eps in episodes.items()}, "per_task": tasks}, indent=2))
     print(f"wrote {out}")
     return 0
 

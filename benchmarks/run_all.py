@@ -53,7 +53,7 @@ def _leaves(value, prefix: str = "", depth: int = 0):
             yield prefix, value["median"]
             return
         for k, v in value.items():
-            if k in ("runs", "seconds", "statuses", "example_feedback", "command") or depth > 3:
+            if k in ("runs", "seconds", "statuses", "example_feedback", "command", "per_task") or depth > 3:
                 continue
             yield from _leaves(v, f"{prefix}.{k}" if prefix else k, depth + 1)
     elif isinstance(value, list):

@@ -86,10 +86,10 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert heldout_tasks.main(["--root", str(home / "compare" / "toolworld"), "--profile", "smoke", "--runs",
                                "lopd-s0", "--out", str(per_task)]) == 0
     tasks = json.loads(per_task.read_text())
-    assert tasks["runs"]["lopd-s0"]["tasks"] == 4 == len(tasks["tasks"])  # the smoke profile's held-out tasks
+    assert tasks["students"]["lopd-s0"]["tasks"] == 4 == len(tasks["per_task"])  # the smoke profile's held-out tasks
     # the same tasks and decoding as the comparison's evaluations: its step-0 and final points come back
     assert abs(tasks["base"]["mean_reward"] - lopd["curve"][0]["mean_reward"]) < 1e-6
-    assert abs(tasks["runs"]["lopd-s0"]["mean_reward"] - lopd["curve"][-1]["mean_reward"]) < 1e-6
+    assert abs(tasks["students"]["lopd-s0"]["mean_reward"] - lopd["curve"][-1]["mean_reward"]) < 1e-6
 
 
 def test_compare_flow_runs_each_run_as_a_task_and_publishes_the_report(tmp_path, models_dir, monkeypatch):
