@@ -6,7 +6,8 @@ Loads the base model once, loads each run's final student into it (LoRA adapter 
 profile's ``model.student`` says) and
 scores it greedily on the first ``--bfcl`` tasks of each BFCL level (simple, multiple, parallel,
 parallel_multiple → levels 1-4; ``--bfcl-levels``) and the first ``--humaneval`` HumanEval problems (in the
-sandbox). Writes ``benchmarks/results/external_eval_<suite>.json``.
+sandbox). Writes ``benchmarks/results/external_eval_<suite>.json``; ``--resume`` keeps the rows already
+there (same settings) and scores only the runs that are missing, so runs finished later are added.
 """
 
 from __future__ import annotations
@@ -37,7 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", nargs="+", default=None,
                         help="run keys to score (e.g. lopd-s0 grpo-s0); default: every finished run")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/external_eval_<suite>.json")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows of --out scored with the same settings and score only the other runs")
     args = parser.parse_args(argv)
+    out = args.out or RESULTS / f"external_eval_{args.root.name}.json"
+    settings = {"profile": args.profile, "bfcl": args.bfcl, "bfcl_levels": args.bfcl_levels, "humaneval": args.humaneval}
+    done = {}
+    if args.resume and out.exists():
+        previous = json.loads(out.read_text())
+        if previous.get("settings") == settings:
+            done = {row["run"]: row for row in previous["results"]}
+        else:
+            print(f"--resume: {out} was scored with other settings ({previous.get('settings')}); scoring every run")
 
     cfg = load_config(args.profile)
     policies = build_policies(cfg, models_dir=Workspace.from_config(cfg.workspace).models_dir)
@@ -49,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no finished run {', '.join(sorted(missing))} under {args.root / 'runs'}")
     rows = []
     for name, student in runs.items():
+        if name in done:
+            print(f"{name}: kept from {out.name}", flush=True)
+            rows.append(done[name])
+            continue
         if student is not None:
             policies.load_student(student)  # the run's adapter (or full weights) into the one loaded base
         scope = policies.teacher if student is None else policies.student
@@ -66,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         rows.append(row)
     suite_name = args.root.name
-    out = args.out or RESULTS / f"external_eval_{suite_name}.json"
     home = str(Workspace.from_config(cfg.workspace).home)
     command = "python -m benchmarks.external_eval " + " ".join(argv or []).replace(home, "$LOPD_HOME")
     out.write_text(json.dumps({"benchmark": f"external_eval_{suite_name}", "command": command,
                                "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": {"cpus": os.cpu_count()},
+                               "settings": settings,
                                "results": rows}, indent=2))
     return 0
 

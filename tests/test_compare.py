@@ -68,6 +68,12 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert [r["run"] for r in external["results"]] == ["base", "lopd-s0"]
     assert all(r["bfcl_l1"]["n"] == 1 and r["humaneval_l1"]["n"] == 1 for r in external["results"])
     assert str(home) not in external["command"] and "$LOPD_HOME/compare/toolworld" in external["command"]
+    # --resume keeps the scored rows and adds the runs that are missing (grpo-s0 finished too)
+    assert external_eval.main(["--root", str(home / "compare" / "toolworld"), "--profile", "smoke", "--bfcl", "1",
+                               "--humaneval", "1", "--out", str(out), "--resume"]) == 0
+    resumed = json.loads(out.read_text())["results"]
+    assert [r["run"] for r in resumed] == ["base", "grpo-s0", "lopd-s0", "none-s0"]
+    assert resumed[0] == external["results"][0] and resumed[2] == external["results"][1]  # kept, not re-scored
 
     # the teacher-privilege probe: every teacher scored on the same held-out base episodes
     from benchmarks import teacher_privilege
