@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print(run, json.dumps(compare_to_base(base, episodes[run])), flush=True)
     tasks = [{"task_id": b.task_id, "family": b.family, "base_reward": b.reward, "base_feedback": b.feedback[:200],
               **{f"{run}_reward": eps[i].reward for run, eps in episodes.items()},
-              **{f"{run}_changed": _answer(eps[i]) != _answer(b) for run, eps in episodes.items()}}
+              **{f"{run}_changed": _answer(eps[i]) != _answer(b) for run, eps in episodes.items()},
+              **{f"{run}_feedback": eps[i].feedback[:200] for run, eps in episodes.items()}}
              for i, b in enumerate(base)]
     home = str(ws.home)
     out = args.out or RESULTS / f"heldout_tasks_{suite}.json"
