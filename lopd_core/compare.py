@@ -35,7 +35,7 @@ import torch
 
 BASELINES = ("lopd", "grpo", "opsd", "sdpo", "skill_sd", "none")
 SIGNALS = ("rollout/success_rate", "distill/updated", "distill/student_grad_norm", "distill/kl_topk",
-           "distill/privilege_delta", "distill/beta")
+           "distill/privilege_delta", "distill/beta", "rollout/generated_tokens")
 """Per-step metrics summarised into every run's result for the report's "training signals" table."""
 ABLATIONS: dict[str, dict[str, Any]] = {
     "lopd_frozen": {"distill.lopd.frozen_composer": True},
@@ -224,6 +224,10 @@ class Comparison:
         if result_file.exists():
             return json.loads(result_file.read_text())
         run_dir.mkdir(parents=True, exist_ok=True)
+        attempt_file, attempt_started = run_dir / "attempt.json", time.perf_counter()
+        if attempt_file.exists():  # an attempt killed outright (no exception): its time up to its last step
+            self.note_wall(spec, json.loads(attempt_file.read_text())["elapsed_s"])
+            attempt_file.unlink()
         cfg = self.cfg.with_overrides({**spec.overrides, "distill.seed": 1000 + spec.seed})
         bank = self.bank()
         base = self.base_eval()
@@ -249,6 +253,7 @@ class Comparison:
         def on_step(step: int, metrics: dict[str, float], trajectories) -> None:
             tokens["generated"] += sum(t.n_generated for t in trajectories)
             tokens["trajectory"] += sum(t.n_tokens for t in trajectories)
+            attempt_file.write_text(json.dumps({"elapsed_s": time.perf_counter() - attempt_started}))
             n = step + 1
             if (n % self.eval_every and n != cfg.distill.steps) or n in done_steps:
                 return
@@ -286,6 +291,7 @@ class Comparison:
         prior = json.loads((run_dir / "wall.json").read_text())["wall_s"] if (run_dir / "wall.json").exists() else 0.0
         summary["wall_s"] = round(prior + wall, 1)
         result_file.write_text(json.dumps(summary, indent=2))
+        attempt_file.unlink(missing_ok=True)
         return summary
 
     def run_timed(self, spec: RunSpec) -> dict[str, Any]:
@@ -295,14 +301,20 @@ class Comparison:
             return self.run(spec)
         except BaseException:
             self.note_wall(spec, time.perf_counter() - started)
+            (self.root / "runs" / spec.key / "attempt.json").unlink(missing_ok=True)  # counted just now
             raise
 
     def result(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
         """What the report is made of: the shared assets and the run summaries (with their training signals)."""
-        runs = [{**r, "signals": self.training_signals(r["mlflow_run_id"])} if r.get("mlflow_run_id") else r
-                for r in runs]
+        runs = [self._with_signals(r) if r.get("mlflow_run_id") else r for r in runs]
         return {"suite": self.suite_name, "root": str(self.root), "shared": self._state(), "runs": runs,
                 "budget": self.budget}
+
+    def _with_signals(self, run: dict[str, Any]) -> dict[str, Any]:
+        signals = self.training_signals(run["mlflow_run_id"])
+        tokens = signals.get("rollout/generated_tokens")
+        # generated tokens from the per-step metrics: also the steps of an attempt killed before the run ended
+        return {**run, "signals": signals, **({"generated_tokens": int(tokens["sum"])} if tokens else {})}
 
     def training_signals(self, run_id: str) -> dict[str, dict[str, float]]:
         """A run's per-step training metrics (read back from its MLflow run), as first / last / mean / count.
@@ -317,7 +329,7 @@ class Comparison:
             values = [by_step[s] for s in sorted(by_step)]
             if values:
                 out[key] = {"first": values[0], "last": values[-1], "mean": statistics.fmean(values),
-                            "steps": len(values)}
+                            "sum": sum(values), "steps": len(values)}
         return out
 
     def note_wall(self, spec: RunSpec, seconds: float) -> None:

@@ -50,11 +50,20 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert set(json.loads(partial.stdout.strip().splitlines()[-1])["final_success"]) == {"lopd", "grpo"}
     assert not (runs / "none-s0").exists()
 
-    # resume: finished runs are not redone, a new method is added to the same comparison
+    # generated tokens read back from the per-step metrics agree with the run's own count (nothing was killed)
+    reported = {r["run"]: r for r in json.loads((report / "results.json").read_text())["runs"]}
+    assert reported["lopd-s0"]["generated_tokens"] == lopd["generated_tokens"] > 0
+
+    # resume: finished runs are not redone, a new method is added to the same comparison; an attempt of it
+    # that was killed outright (SIGKILL: no exception, only its per-step attempt.json) still counts its time
     mtime = (runs / "lopd-s0" / "result.json").stat().st_mtime
+    (runs / "none-s0").mkdir()
+    (runs / "none-s0" / "attempt.json").write_text(json.dumps({"elapsed_s": 1000.0}))
     second = _compare(home, models_dir, report, "lopd,grpo,none")
     assert second.returncode == 0, second.stderr[-3000:]
     assert (runs / "lopd-s0" / "result.json").stat().st_mtime == mtime
+    none = json.loads((runs / "none-s0" / "result.json").read_text())
+    assert 1000.0 < none["wall_s"] < 1000.0 + 600 and not (runs / "none-s0" / "attempt.json").exists()
     assert "none" in json.loads(second.stdout.strip().splitlines()[-1])["final_success"]
 
     # external benchmarks (BFCL single-turn, HumanEval in the sandbox) on a chosen run's final student
