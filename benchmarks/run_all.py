@@ -33,7 +33,7 @@ BENCHMARKS = {
     "suite_baseline": ["--suites", "toolworld", "codegen", "--levels", "1", "--n", "32", "--modes", "greedy"],
 }
 SKIP_KEYS = {"benchmark", "command", "machine", "created", "timestamp", "updated", "note", "settings", "modes",
-             "sizes", "setup", "goal", "target", "model", "seed"}
+             "sizes", "setup", "goal", "target", "model", "seed", "per_task"}
 
 
 def run(names: list[str]) -> list[str]:
