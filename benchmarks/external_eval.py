@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from lopd_core.config import load_config
     from lopd_core.evaluation import evaluate
     from lopd_core.training import build_policies
-    from lopd_core.workspace import Workspace
+    from lopd_core.workspace import Workspace, portable
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, required=True, help="a `lopd compare` work directory")
@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         rows.append(row)
     suite_name = args.root.name
-    home = str(Workspace.from_config(cfg.workspace).home)
-    command = "python -m benchmarks.external_eval " + " ".join(argv or []).replace(home, "$LOPD_HOME")
+    command = portable("python -m benchmarks.external_eval " + " ".join(argv or []),
+                       Workspace.from_config(cfg.workspace).home)
     out.write_text(json.dumps({"benchmark": f"external_eval_{suite_name}", "command": command,
                                "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": {"cpus": os.cpu_count()},
                                "settings": settings,

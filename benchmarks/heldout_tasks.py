@@ -28,6 +28,13 @@ def _answer(trajectory) -> str:
                      for m in trajectory.messages[trajectory.initial_messages:] if m["role"] == "assistant")
 
 
+def _rates(trajectories: list) -> dict[str, float]:
+    from lopd_core.evaluation import episode_metrics
+
+    metrics = episode_metrics(trajectories)
+    return {"mean_reward": metrics["eval/mean_reward"], "success_rate": metrics["eval/success_rate"]}
+
+
 def compare_to_base(base: list, student: list) -> dict[str, float]:
     """Counts of a student's episodes against the base model's, task by task (same task order)."""
     pairs = list(zip(base, student, strict=True))
@@ -37,15 +44,14 @@ def compare_to_base(base: list, student: list) -> dict[str, float]:
             "lost": sum(b.success and not s.success for b, s in pairs),
             "reward_up": sum(s.reward > b.reward + 1e-9 for b, s in pairs),
             "reward_down": sum(s.reward < b.reward - 1e-9 for b, s in pairs),
-            "mean_reward": sum(s.reward for s in student) / max(len(student), 1),
-            "success_rate": sum(s.success for s in student) / max(len(student), 1)}
+            **_rates(student)}
 
 
 def main(argv: list[str] | None = None) -> int:
     from lopd_core.config import load_config
     from lopd_core.evaluation import evaluate
     from lopd_core.training import build_policies
-    from lopd_core.workspace import Workspace
+    from lopd_core.workspace import Workspace, portable
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, required=True, help="a `lopd compare` work directory")
@@ -82,14 +88,12 @@ def main(argv: list[str] | None = None) -> int:
               **{f"{run}_changed": _answer(eps[i]) != _answer(b) for run, eps in episodes.items()},
               **{f"{run}_feedback": eps[i].feedback[:200] for run, eps in episodes.items()}}
              for i, b in enumerate(base)]
-    home = str(ws.home)
     out = args.out or RESULTS / f"heldout_tasks_{suite}.json"
     out.write_text(json.dumps({
         "benchmark": f"heldout_tasks_{suite}",
-        "command": "python -m benchmarks.heldout_tasks " + " ".join(argv or []).replace(home, "$LOPD_HOME"),
+        "command": portable("python -m benchmarks.heldout_tasks " + " ".join(argv or []), ws.home),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.perf_counter() - started, 1),
-        "base": {"mean_reward": sum(b.reward for b in base) / max(len(base), 1),
-                 "success_rate": sum(b.success for b in base) / max(len(base), 1)},
+        "base": _rates(base),
         "students": {run: compare_to_base(base, eps) for run, eps in episodes.items()}, "per_task": tasks}, indent=2))
     print(f"wrote {out}")
     return 0

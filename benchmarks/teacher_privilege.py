@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from lopd_core.evaluation import evaluate
     from lopd_core.models.composer import load_composer
     from lopd_core.training import build_policies, retrieve_for
+    from lopd_core.workspace import portable
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, required=True, help="a finished `lopd compare` work directory")
@@ -134,11 +135,10 @@ def main(argv: list[str] | None = None) -> int:
                                         base, rows)
     print("text context", json.dumps(results["text context"]))
 
-    home = str(comp.ws.home)
     out = args.out or RESULTS / f"teacher_privilege_{suite}.json"
     out.write_text(json.dumps({
         "benchmark": f"teacher_privilege_{suite}",
-        "command": "python -m benchmarks.teacher_privilege " + " ".join(argv or []).replace(home, "$LOPD_HOME"),
+        "command": portable("python -m benchmarks.teacher_privilege " + " ".join(argv or []), comp.ws.home),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "episodes": len(rows),
         "successful_episodes": sum(r.success for r in rows), "supervised_tokens": sum(len(b[0]) for b in base),
         "seconds": round(time.perf_counter() - started, 1), "teachers": results}, indent=2))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lopd_core.compare import mean_std
+from lopd_core.workspace import portable
 
 
 def group_runs(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -157,13 +158,12 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
     for r in result["runs"]:
         pts = ", ".join(f"{p['episodes']}:{p['success_rate']:.3f}" for p in r["curve"])
         lines.append(f"- `{r['run']}`: {pts}")
-    def scrub(text: str, home_text: str) -> str:
-        return text.replace(home_text, "$LOPD_HOME") if home is not None else text
+    def scrub(text: str) -> str:
+        return portable(text, home) if home is not None else text
 
-    (out_dir / "results.json").write_text(
-        scrub(json.dumps(result, indent=2, default=str), json.dumps(str(home))[1:-1]))
+    (out_dir / "results.json").write_text(scrub(json.dumps(result, indent=2, default=str)))
     path = out_dir / "README.md"
-    path.write_text(scrub("\n".join(lines) + "\n", str(home)))
+    path.write_text(scrub("\n".join(lines) + "\n"))
     return path
 
 

@@ -16,6 +16,7 @@ This module knows only paths; it does not import any of the storage libraries.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,14 @@ DEFAULT_HOME = ".lopd"
 
 def lopd_home() -> Path:
     return Path(os.environ.get("LOPD_HOME", DEFAULT_HOME)).expanduser().resolve()
+
+
+def portable(text: str, home: Path | str) -> str:
+    """``text`` with the workspace directory written as ``$LOPD_HOME`` (also inside JSON strings), so that
+    committed reports and results name no machine's directories."""
+    for form in {str(home), json.dumps(str(home))[1:-1]}:
+        text = text.replace(form, "$LOPD_HOME")
+    return text
 
 
 def _local_path(uri: str) -> Path | None:
