@@ -24,6 +24,7 @@ SHAPES = {"bfcl": {"rollout.max_turns": 1, "rollout.max_new_tokens": 160, "rollo
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lopd_core.compare import final_dir
     from lopd_core.config import load_config
     from lopd_core.evaluation import evaluate
     from lopd_core.training import build_policies
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {"base": None}
     for result in sorted(args.root.glob("runs/*/result.json")):
         if args.runs is None or result.parent.name in args.runs:
-            runs[result.parent.name] = result.parent / "train" / "final" / "student"
+            runs[result.parent.name] = final_dir(args.root, result.parent.name) / "student"
     if args.runs is not None and (missing := set(args.runs) - set(runs)):
         parser.error(f"no finished run {', '.join(sorted(missing))} under {args.root / 'runs'}")
     rows = []

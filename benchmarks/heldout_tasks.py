@@ -48,6 +48,7 @@ def compare_to_base(base: list, student: list) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lopd_core.compare import final_dir, run_dir
     from lopd_core.config import load_config
     from lopd_core.evaluation import evaluate
     from lopd_core.training import build_policies
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     suite = args.suite or args.root.name
-    missing = [r for r in args.runs if not (args.root / "runs" / r / "result.json").exists()]
+    missing = [r for r in args.runs if not (run_dir(args.root, r) / "result.json").exists()]
     if missing:
         parser.error(f"no finished run {', '.join(missing)} under {args.root / 'runs'}")
     overrides = {"rollout.suite": suite, "evaluate.probe_n_tasks": 0, "evaluate.probe_prompts": 0}
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     base = play(policies.teacher, "base")
     episodes = {}
     for run in args.runs:
-        policies.load_student(args.root / "runs" / run / "train" / "final" / "student")
+        policies.load_student(final_dir(args.root, run) / "student")
         episodes[run] = play(policies.student, run)
         print(run, json.dumps(compare_to_base(base, episodes[run])), flush=True)
     tasks = [{"task_id": b.task_id, "family": b.family, "base_reward": b.reward, "base_feedback": b.feedback[:200],

@@ -83,7 +83,7 @@ def summarize(teacher: list[torch.Tensor], base: list[torch.Tensor], rows) -> di
 
 def main(argv: list[str] | None = None) -> int:
     from lopd_core.algorithms.lopd import LOPD
-    from lopd_core.compare import Comparison
+    from lopd_core.compare import Comparison, final_dir
     from lopd_core.config import load_config
     from lopd_core.evaluation import evaluate
     from lopd_core.models.composer import load_composer
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     base = base_logprobs(policies, rows)
 
     composers = {"latent, cold-start φ0": comp.root / "cold_start" / f"k{lopd.n_latents}"}
-    composers |= {f"latent, {run} final": comp.root / "runs" / run / "train" / "final" / "composer" for run in args.runs}
+    composers |= {f"latent, {run} final": final_dir(comp.root, run) / "composer" for run in args.runs}
     results = {}
     for name, directory in composers.items():
         if not directory.exists():

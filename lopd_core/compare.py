@@ -48,6 +48,16 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 }
 
 
+def run_dir(root: Path, key: str) -> Path:
+    """A comparison run's folder under its root (``runs/<method>-s<seed>``)."""
+    return Path(root) / "runs" / key
+
+
+def final_dir(root: Path, key: str) -> Path:
+    """Where a finished run's ``student`` (and, for LOPD, ``composer``) lie: what training writes as final."""
+    return run_dir(root, key) / "train" / "final"
+
+
 @dataclass
 class RunSpec:
     name: str
@@ -219,12 +229,12 @@ class Comparison:
         from lopd_core.evaluation import evaluate
         from lopd_core.training import build_policies, needs_composer, train
 
-        run_dir = self.root / "runs" / spec.key
-        result_file = run_dir / "result.json"
+        folder = run_dir(self.root, spec.key)
+        result_file = folder / "result.json"
         if result_file.exists():
             return json.loads(result_file.read_text())
-        run_dir.mkdir(parents=True, exist_ok=True)
-        attempt_file, attempt_started = run_dir / "attempt.json", time.perf_counter()
+        folder.mkdir(parents=True, exist_ok=True)
+        attempt_file, attempt_started = folder / "attempt.json", time.perf_counter()
         if attempt_file.exists():  # an attempt killed outright (no exception): its time up to its last step
             self.note_wall(spec, json.loads(attempt_file.read_text())["elapsed_s"])
             attempt_file.unlink()
@@ -234,7 +244,7 @@ class Comparison:
         uses_bank = spec.method in ("lopd", "opsd")
         composer_init = self.cold_start(cfg) if needs_composer(cfg) else None
 
-        curve_file = run_dir / "curve.jsonl"
+        curve_file = folder / "curve.jsonl"
         curve = [json.loads(line) for line in curve_file.read_text().splitlines()] if curve_file.exists() else []
         if not curve:
             curve.append({"step": 0, "episodes": 0, **_pick(base)})
@@ -270,7 +280,7 @@ class Comparison:
             self.log(f"[{spec.key}] step {n}/{cfg.distill.steps}: held-out success {ev['eval/success_rate']:.3f}")
 
         started = time.perf_counter()
-        result = train(cfg, suite=_suite(self.suite_name), retriever=self.retriever() if uses_bank else None, run_dir=run_dir / "train", composer_init=composer_init,
+        result = train(cfg, suite=_suite(self.suite_name), retriever=self.retriever() if uses_bank else None, run_dir=folder / "train", composer_init=composer_init,
                        logger=MlflowMetricLogger(self.registry, run_id), on_step=on_step,
                        table_version=int(bank["version"]), policies=policies,
                        pretraining_episodes=bank["episodes"] if uses_bank else 0, models_dir=self.ws.models_dir,
@@ -288,7 +298,7 @@ class Comparison:
         self.registry.log_metrics(run_id, {"compare/final_success": summary["final_success"],
                                            "compare/wall_s": wall})
         self.registry.end_run(run_id)
-        prior = json.loads((run_dir / "wall.json").read_text())["wall_s"] if (run_dir / "wall.json").exists() else 0.0
+        prior = json.loads((folder / "wall.json").read_text())["wall_s"] if (folder / "wall.json").exists() else 0.0
         summary["wall_s"] = round(prior + wall, 1)
         result_file.write_text(json.dumps(summary, indent=2))
         attempt_file.unlink(missing_ok=True)
@@ -301,7 +311,7 @@ class Comparison:
             return self.run(spec)
         except BaseException:
             self.note_wall(spec, time.perf_counter() - started)
-            (self.root / "runs" / spec.key / "attempt.json").unlink(missing_ok=True)  # counted just now
+            (run_dir(self.root, spec.key) / "attempt.json").unlink(missing_ok=True)  # counted just now
             raise
 
     def result(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -334,7 +344,7 @@ class Comparison:
 
     def note_wall(self, spec: RunSpec, seconds: float) -> None:
         """Accumulate the wall time of interrupted attempts (so resumed runs report their whole cost)."""
-        path = self.root / "runs" / spec.key / "wall.json"
+        path = run_dir(self.root, spec.key) / "wall.json"
         prior = json.loads(path.read_text())["wall_s"] if path.exists() else 0.0
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"wall_s": prior + seconds}))
@@ -411,7 +421,7 @@ def run_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: i
                                   eval_tasks=eval_tasks, seed_episodes=seed_episodes, log=log,
                                   record=not report_only)
     if report_only:
-        done = [comp.root / "runs" / s.key / "result.json" for s in specs]
+        done = [run_dir(comp.root, s.key) / "result.json" for s in specs]
         results = [json.loads(p.read_text()) for p in done if p.exists()]
         if not results:
             raise RuntimeError(f"no run of this plan has finished yet under {comp.root / 'runs'}")

@@ -67,6 +67,17 @@ def budget_ratios(groups: dict[str, list[dict[str, Any]]], reference: str = "lop
     return rows
 
 
+MARKERS = "osD^vP*Xhp<>"
+
+
+def identical_curves(groups: dict[str, list[dict[str, Any]]]) -> list[list[str]]:
+    """Sets of runs whose mean curves are the same point for point (they overlap in the plot)."""
+    by_curve: dict[tuple, list[str]] = {}
+    for name, runs in sorted(groups.items()):
+        by_curve.setdefault(tuple((ep, round(m, 9)) for ep, m, _ in mean_curve(runs)), []).append(name)
+    return [names for names in by_curve.values() if len(names) > 1]
+
+
 def plot(groups: dict[str, list[dict[str, Any]]], path: Path, *, title: str, with_pretraining: bool = False) -> Path:
     import matplotlib
 
@@ -74,17 +85,17 @@ def plot(groups: dict[str, list[dict[str, Any]]], path: Path, *, title: str, wit
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for name, runs in sorted(groups.items(), key=lambda kv: (kv[0] != "lopd", kv[0])):
+    ordered = [kv for kv in sorted(groups.items(), key=lambda kv: (kv[0] != "lopd", kv[0])) if mean_curve(kv[1])]
+    for i, (name, runs) in enumerate(ordered):
         curve = mean_curve(runs)
-        if not curve:
-            continue
         shift = statistics.fmean(r["pretraining_episodes"] for r in runs) if with_pretraining else 0.0
         xs = [ep + shift for ep, _, _ in curve]
         mu = [m for _, m, _ in curve]
         sd = [s for _, _, s in curve]
         style = "-" if not name.startswith("lopd_") else "--"
-        line, = ax.plot(xs, mu, style, marker="o", ms=3, lw=2.2 if name == "lopd" else 1.3,
-                        label=f"{name} (n={len(runs)})")
+        # distinct markers, drawn first = largest: identical curves stay visible as nested markers
+        line, = ax.plot(xs, mu, style, marker=MARKERS[i % len(MARKERS)], ms=3 + 1.5 * (len(ordered) - i),
+                        mfc="none", lw=2.2 if name == "lopd" else 1.3, label=f"{name} (n={len(runs)})")
         if len(runs) > 1:
             ax.fill_between(xs, [a - b for a, b in zip(mu, sd, strict=True)], [a + b for a, b in zip(mu, sd, strict=True)],
                             color=line.get_color(), alpha=0.15)
@@ -127,11 +138,13 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
              f"{bank.get('experiences')} experiences (pre-training budget of lopd and opsd).  ",
              f"Base model held-out success: {base.get('eval/success_rate', float('nan')):.3f} "
              f"(mean reward {base.get('eval/mean_reward', float('nan')):.3f})", "",
-             "![curves](curves.png)", "", "## Final held-out success", "",
-             "Mean reward is the verifier's partial credit (share of tests passed, of checks met), so it moves "
-             "before success does.", "",
-             "| run | seeds | final success (mean ± std) | final mean reward | best point | wall time / run | "
-             "generated tokens / run | pre-training episodes |", "|---|---|---|---|---|---|---|---|"]
+             "![curves](curves.png)", ""]
+    lines += [f"Identical curves (they overlap in the plot): {', '.join(names)}.  " for names in identical_curves(groups)]
+    lines += ["", "## Final held-out success", "",
+              "Mean reward is the verifier's partial credit (share of tests passed, of checks met), so it moves "
+              "before success does.", "",
+              "| run | seeds | final success (mean ± std) | final mean reward | best point | wall time / run | "
+              "generated tokens / run | pre-training episodes |", "|---|---|---|---|---|---|---|---|"]
     for name, runs in sorted(groups.items(), key=lambda kv: (kv[0].startswith("lopd_"), kv[0])):
         m, s = mean_std([r["final_success"] for r in runs])
         best = max(p["success_rate"] for r in runs for p in r["curve"])

@@ -151,3 +151,22 @@ def test_run_order_is_seed_major_then_ablations_and_names_are_checked():
         run_specs(["lopd"], 1, ablations=["lopd_k9"])
     with pytest.raises(ValueError, match="unknown method 'ppo'"):
         run_specs(["ppo"], 1)
+
+
+def test_report_names_the_curves_that_overlap_in_the_plot(tmp_path):
+    from lopd_core.compare_report import group_runs, identical_curves, write_report
+
+    def run(name, seed, points):
+        return {"run": f"{name}-s{seed}", "name": name, "seed": seed, "final_success": points[-1],
+                "curve": [{"episodes": 8 * i, "success_rate": p, "mean_reward": p} for i, p in enumerate(points)],
+                "wall_s": 60.0, "generated_tokens": 100, "pretraining_episodes": 0, "budget": 8}
+
+    runs = [run("lopd", 0, [0.25, 0.5]), run("grpo", 0, [0.25, 0.25]), run("none", 0, [0.25, 0.25]),
+            run("opsd", 0, [0.25, 0.25]), run("opsd", 1, [0.25, 0.5])]  # opsd's mean differs: 0.25, 0.375
+    assert identical_curves(group_runs(runs)) == [["grpo", "none"]]
+
+    result = {"suite": "toolworld", "budget": 8, "runs": runs,
+              "shared": {"base_eval": {"eval/n": 4, "eval/success_rate": 0.25, "eval/mean_reward": 0.25}}}
+    text = write_report(result, tmp_path, machine="test", command="lopd compare").read_text()
+    assert "Identical curves (they overlap in the plot): grpo, none." in text
+    assert (tmp_path / "curves.png").stat().st_size > 1000
