@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from lopd_core.algorithms.batch import SequenceBatch, student_batch
+from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch
 from lopd_core.envs.base import Task
 from lopd_core.memory.base import Experience, Retriever
 from lopd_core.models.policy import PolicySet, hidden_states, logprobs_at
@@ -76,6 +76,16 @@ def micro_batches(n: int, size: int) -> list[slice]:
     """
     step = size if size > 0 else max(n, 1)
     return [slice(start, start + step) for start in range(0, n, step)]
+
+
+def paired_micro_batches(policies: PolicySet, rows: list[Trajectory], prompts: list, size: int
+                         ) -> tuple[list[tuple[SequenceBatch, SequenceBatch]], int]:
+    """(teacher, student) batches per micro-batch of ``rows`` (teacher ``prompts[i]`` for ``rows[i]``), and the
+    step's total supervised token count that every slice's loss sum is divided by."""
+    pad, device = policies.tokenizer.pad_token_id, policies.device
+    batches = [(teacher_batch(rows[part], prompts[part], pad_id=pad, device=device),
+                student_batch(rows[part], pad_id=pad, device=device)) for part in micro_batches(len(rows), size)]
+    return batches, sum(s_batch.n_tokens for _, s_batch in batches)
 
 
 def rewards_tensor(trajectories: list[Trajectory], device) -> Tensor:

@@ -23,13 +23,12 @@ from lopd_core.algorithms.base import (
     Timer,
     clip_and_step,
     make_adamw,
-    micro_batches,
     model_logprobs,
+    paired_micro_batches,
     skipped_metrics,
     student_logprobs,
     usable_rollouts,
 )
-from lopd_core.algorithms.batch import student_batch, teacher_batch
 from lopd_core.algorithms.context import opsd_reference
 from lopd_core.models.latent import system_reference_prompt
 
@@ -69,11 +68,7 @@ class OPSD:
         if not chosen:
             return {**metrics, "distill/updated": 0.0}
         rows = [inputs.trajectories[i] for i in chosen]
-        pad, device = tok.pad_token_id, self.policies.device
-        parts = micro_batches(len(rows), self.cfg.micro_batch)
-        batches = [(teacher_batch(rows[part], prompts[part], pad_id=pad, device=device),
-                    student_batch(rows[part], pad_id=pad, device=device)) for part in parts]
-        n_tokens = sum(s_batch.n_tokens for _, s_batch in batches)
+        batches, n_tokens = paired_micro_batches(self.policies, rows, prompts, self.cfg.micro_batch)
         loss_sum = 0.0
         for t_batch, s_batch in batches:  # Σ (slice divergence sum / all tokens): the global token mean
             # --- teacher: frozen base + reference in the system message (no grad) ---------------------
@@ -94,7 +89,7 @@ class OPSD:
         return {**metrics, "distill/updated": 1.0, "distill/loss": loss_sum,
                 f"opsd/{self.cfg.opsd.divergence}": loss_sum,
                 "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(n_tokens),
-                "distill/micro_batches": float(len(parts)),
+                "distill/micro_batches": float(len(batches)),
                 "distill/time_teacher_s": timer.seconds["teacher"], "distill/time_student_s": timer.seconds["student"],
                 "distill/tokens_per_s": n_tokens / max(timer.total(), 1e-9)}
 

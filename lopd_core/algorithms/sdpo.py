@@ -27,13 +27,12 @@ from lopd_core.algorithms.base import (
     clip_and_step,
     gather_tokens,
     make_adamw,
-    micro_batches,
     model_logprobs,
+    paired_micro_batches,
     skipped_metrics,
     student_logprobs,
     usable_rollouts,
 )
-from lopd_core.algorithms.batch import student_batch, teacher_batch
 from lopd_core.algorithms.context import SDPO_FRAMING_BEFORE, sdpo_context
 from lopd_core.models.latent import text_context_prompt
 from lopd_core.models.policy import STUDENT, STUDENT_EMA, PolicySet, hidden_states, logprobs_at
@@ -99,11 +98,7 @@ class SDPO:
         if not chosen:
             return {**metrics, "distill/updated": 0.0}
         rows = [inputs.trajectories[i] for i in chosen]
-        pad, device = tok.pad_token_id, self.policies.device
-        parts = micro_batches(len(rows), self.cfg.micro_batch)
-        batches = [(teacher_batch(rows[part], prompts[part], pad_id=pad, device=device),
-                    student_batch(rows[part], pad_id=pad, device=device)) for part in parts]
-        n_tokens = sum(s_batch.n_tokens for _, s_batch in batches)
+        batches, n_tokens = paired_micro_batches(self.policies, rows, prompts, self.cfg.micro_batch)
         loss_sum, kl_sum, weight_sum = 0.0, 0.0, 0.0
         for t_batch, s_batch in batches:  # Σ (slice sum / all tokens): the global token mean
             mask, targets = s_batch.mask, s_batch.target_ids[s_batch.mask.bool()]
@@ -135,7 +130,7 @@ class SDPO:
                 "sdpo/kl_topk": kl_sum / max(n_tokens, 1),
                 "sdpo/is_weight_mean": weight_sum / max(n_tokens, 1),
                 "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(n_tokens),
-                "distill/micro_batches": float(len(parts)),
+                "distill/micro_batches": float(len(batches)),
                 "distill/time_teacher_s": timer.seconds["teacher"], "distill/time_student_s": timer.seconds["student"],
                 "distill/tokens_per_s": n_tokens / max(timer.total(), 1e-9)}
 

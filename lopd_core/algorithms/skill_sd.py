@@ -37,11 +37,12 @@ from lopd_core.algorithms.base import (
     make_adamw,
     micro_batches,
     model_logprobs,
+    paired_micro_batches,
     skipped_metrics,
     student_logprobs,
     usable_rollouts,
 )
-from lopd_core.algorithms.batch import student_batch, teacher_batch, to_padded
+from lopd_core.algorithms.batch import to_padded
 from lopd_core.algorithms.context import truncate_tokens
 from lopd_core.algorithms.grpo import group_advantages
 from lopd_core.memory.base import Experience
@@ -192,13 +193,11 @@ class SkillSD:
                                                framing_before=SKILL_FRAMING_BEFORE, framing_after=SKILL_FRAMING_AFTER)
                            if skill else None)
         has_skill = torch.tensor([p is not None for p in prompts], dtype=torch.float32, device=self.policies.device)
-        pad, device = tok.pad_token_id, self.policies.device
+        device = self.policies.device
         teacher_prompts = [p if p is not None else _plain_prompt(t) for p, t in zip(prompts, rows, strict=True)]
         advantages = group_advantages(inputs, usable, device)
         parts = micro_batches(len(rows), self.cfg.micro_batch)
-        batches = [(teacher_batch(rows[part], teacher_prompts[part], pad_id=pad, device=device),
-                    student_batch(rows[part], pad_id=pad, device=device)) for part in parts]
-        n_tokens = sum(s_batch.n_tokens for _, s_batch in batches)
+        batches, n_tokens = paired_micro_batches(self.policies, rows, teacher_prompts, self.cfg.micro_batch)
         loss_sum, ppo_sum, kl_sum = 0.0, 0.0, 0.0
         deltas, masks = [], []  # per rollout, for the bandit update
         for part, (t_batch, s_batch) in zip(parts, batches, strict=True):  # Σ (slice sum / all tokens)
