@@ -10,7 +10,8 @@ and whether the student's answer differs from the base model's are recorded.
 
 Per run it reports how many answers changed, how many tasks were gained and lost (success), how many changed
 reward up and down, and the mean reward; per task the family, the rewards and the verifier's feedback.
-Writes ``benchmarks/results/heldout_tasks_<suite>.json``.
+Writes ``benchmarks/results/heldout_tasks_<suite>.json``; ``--resume`` keeps the runs already there (when the base
+model's replay comes out the same) and adds ``--runs``, so a run finished later costs one replay, not all.
 """
 
 from __future__ import annotations
@@ -47,6 +48,20 @@ def compare_to_base(base: list, student: list) -> dict[str, float]:
             **_rates(student)}
 
 
+def _merge_previous(previous: dict, settings: dict, students: dict, tasks: list[dict]) -> tuple[dict, list[dict]]:
+    """The runs of an earlier result that this one did not replay, kept where both replayed the same base."""
+    same_base = [(t["task_id"], t["base_reward"], t["base_feedback"]) for t in previous.get("per_task", [])] == \
+        [(t["task_id"], t["base_reward"], t["base_feedback"]) for t in tasks]
+    if previous.get("settings") != settings or not same_base:
+        print(f"--resume: the earlier result has other settings or another base replay; keeping only {list(students)}")
+        return students, tasks
+    kept = [run for run in previous["students"] if run not in students]
+    print(f"--resume: kept {', '.join(kept) or 'no runs'} from the earlier result")
+    merged = [{**t, **{k: v for k, v in old.items() if k.rsplit("_", 1)[0] in kept}}
+              for t, old in zip(tasks, previous["per_task"], strict=True)]
+    return {**{run: previous["students"][run] for run in kept}, **students}, merged
+
+
 def main(argv: list[str] | None = None) -> int:
     from lopd_core.compare import final_dir, run_dir
     from lopd_core.config import load_config
@@ -62,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="held-out tasks, as the comparison's --eval-tasks (default: the profile's evaluate.n_tasks)")
     parser.add_argument("--runs", nargs="+", required=True, help="runs whose final student is played (e.g. lopd-s0)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs already in --out (same settings, same base-model replay) and add --runs")
     args = parser.parse_args(argv)
 
     suite = args.suite or args.root.name
@@ -90,12 +107,15 @@ def main(argv: list[str] | None = None) -> int:
               **{f"{run}_feedback": eps[i].feedback[:200] for run, eps in episodes.items()}}
              for i, b in enumerate(base)]
     out = args.out or RESULTS / f"heldout_tasks_{suite}.json"
+    settings = {"suite": suite, "profile": args.profile, "eval_tasks": args.eval_tasks}
+    students = {run: compare_to_base(base, eps) for run, eps in episodes.items()}
+    if args.resume and out.exists():
+        students, tasks = _merge_previous(json.loads(out.read_text()), settings, students, tasks)
     out.write_text(json.dumps({
         "benchmark": f"heldout_tasks_{suite}",
         "command": portable("python -m benchmarks.heldout_tasks " + " ".join(argv or []), ws.home),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.perf_counter() - started, 1),
-        "base": _rates(base),
-        "students": {run: compare_to_base(base, eps) for run, eps in episodes.items()}, "per_task": tasks}, indent=2))
+        "settings": settings, "base": _rates(base), "students": students, "per_task": tasks}, indent=2))
     print(f"wrote {out}")
     return 0
 

@@ -105,6 +105,14 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     # the same tasks and decoding as the comparison's evaluations: its step-0 and final points come back
     assert abs(tasks["base"]["mean_reward"] - lopd["curve"][0]["mean_reward"]) < 1e-6
     assert abs(tasks["students"]["lopd-s0"]["mean_reward"] - lopd["curve"][-1]["mean_reward"]) < 1e-6
+    # --resume replays the base again, keeps lopd-s0 (same replay) and adds grpo-s0
+    assert heldout_tasks.main(["--root", str(home / "compare" / "toolworld"), "--profile", "smoke", "--runs",
+                               "grpo-s0", "--out", str(per_task), "--resume"]) == 0
+    more = json.loads(per_task.read_text())
+    assert list(more["students"]) == ["lopd-s0", "grpo-s0"]
+    assert more["students"]["lopd-s0"] == tasks["students"]["lopd-s0"]
+    assert [t["lopd-s0_feedback"] for t in more["per_task"]] == [t["lopd-s0_feedback"] for t in tasks["per_task"]]
+    assert all("grpo-s0_reward" in t for t in more["per_task"])
 
 
 def test_compare_flow_runs_each_run_as_a_task_and_publishes_the_report(tmp_path, models_dir, monkeypatch):
