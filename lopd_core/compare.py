@@ -298,8 +298,7 @@ class Comparison:
         self.registry.log_metrics(run_id, {"compare/final_success": summary["final_success"],
                                            "compare/wall_s": wall})
         self.registry.end_run(run_id)
-        prior = json.loads((folder / "wall.json").read_text())["wall_s"] if (folder / "wall.json").exists() else 0.0
-        summary["wall_s"] = round(prior + wall, 1)
+        summary["wall_s"] = round(self.recorded_wall(spec) + wall, 1)
         result_file.write_text(json.dumps(summary, indent=2))
         attempt_file.unlink(missing_ok=True)
         return summary
@@ -342,10 +341,15 @@ class Comparison:
                             "sum": sum(values), "steps": len(values)}
         return out
 
+    def recorded_wall(self, spec: RunSpec) -> float:
+        """Seconds spent in the run's earlier, interrupted attempts (0 for a first attempt)."""
+        path = run_dir(self.root, spec.key) / "wall.json"
+        return json.loads(path.read_text())["wall_s"] if path.exists() else 0.0
+
     def note_wall(self, spec: RunSpec, seconds: float) -> None:
         """Accumulate the wall time of interrupted attempts (so resumed runs report their whole cost)."""
         path = run_dir(self.root, spec.key) / "wall.json"
-        prior = json.loads(path.read_text())["wall_s"] if path.exists() else 0.0
+        prior = self.recorded_wall(spec)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"wall_s": prior + seconds}))
 

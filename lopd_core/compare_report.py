@@ -85,9 +85,10 @@ def plot(groups: dict[str, list[dict[str, Any]]], path: Path, *, title: str, wit
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    ordered = [kv for kv in sorted(groups.items(), key=lambda kv: (kv[0] != "lopd", kv[0])) if mean_curve(kv[1])]
+    curves = {name: mean_curve(runs) for name, runs in groups.items()}
+    ordered = [(name, groups[name]) for name in sorted(groups, key=lambda n: (n != "lopd", n)) if curves[name]]
     for i, (name, runs) in enumerate(ordered):
-        curve = mean_curve(runs)
+        curve = curves[name]
         shift = statistics.fmean(r["pretraining_episodes"] for r in runs) if with_pretraining else 0.0
         xs = [ep + shift for ep, _, _ in curve]
         mu = [m for _, m, _ in curve]
