@@ -17,6 +17,7 @@ model's replay comes out the same) and adds ``--runs``, so a run finished later 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -50,8 +51,11 @@ def compare_to_base(base: list, student: list) -> dict[str, float]:
 
 def _merge_previous(previous: dict, settings: dict, students: dict, tasks: list[dict]) -> tuple[dict, list[dict]]:
     """The runs of an earlier result that this one did not replay, kept where both replayed the same base."""
-    same_base = [(t["task_id"], t["base_reward"], t["base_feedback"]) for t in previous.get("per_task", [])] == \
-        [(t["task_id"], t["base_reward"], t["base_feedback"]) for t in tasks]
+    fields = ("task_id", "base_reward", "base_feedback", "base_answer_sha1")
+    if any("base_answer_sha1" not in t for t in previous.get("per_task", [])):  # written before answers were hashed
+        fields = fields[:-1]
+    same_base = [tuple(t.get(f) for f in fields) for t in previous.get("per_task", [])] == \
+        [tuple(t[f] for f in fields) for t in tasks]
     if previous.get("settings") != settings or not same_base:
         print(f"--resume: the earlier result has other settings or another base replay; keeping only {list(students)}")
         return students, tasks
@@ -102,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         episodes[run] = play(policies.student, run)
         print(run, json.dumps(compare_to_base(base, episodes[run])), flush=True)
     tasks = [{"task_id": b.task_id, "family": b.family, "base_reward": b.reward, "base_feedback": b.feedback[:200],
+              "base_answer_sha1": hashlib.sha1(_answer(b).encode()).hexdigest(),
               **{f"{run}_reward": eps[i].reward for run, eps in episodes.items()},
               **{f"{run}_changed": _answer(eps[i]) != _answer(b) for run, eps in episodes.items()},
               **{f"{run}_feedback": eps[i].feedback[:200] for run, eps in episodes.items()}}

@@ -115,6 +115,26 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert all("grpo-s0_reward" in t for t in more["per_task"])
 
 
+def test_heldout_resume_keeps_earlier_runs_only_when_the_base_answers_are_the_same():
+    """--resume merges by task; a base replay with another answer (same reward and feedback) drops the old runs."""
+    from benchmarks.heldout_tasks import _merge_previous
+
+    settings = {"suite": "toolworld", "profile": "smoke", "eval_tasks": None}
+
+    def task(sha, **runs):
+        return {"task_id": "t0", "base_reward": 0.5, "base_feedback": "ok", "base_answer_sha1": sha, **runs}
+
+    previous = {"settings": settings, "students": {"a": {"lost": 1}}, "per_task": [task("x", a_reward=1.0)]}
+    students, tasks = _merge_previous(previous, settings, {"b": {"lost": 0}}, [task("x", b_reward=0.0)])
+    assert list(students) == ["a", "b"] and tasks == [task("x", a_reward=1.0, b_reward=0.0)]
+    students, tasks = _merge_previous(previous, settings, {"b": {"lost": 0}}, [task("y", b_reward=0.0)])
+    assert list(students) == ["b"] and tasks == [task("y", b_reward=0.0)]
+    # a file written before answers were hashed is compared on id, reward and feedback
+    old = {**previous, "per_task": [{k: v for k, v in task("x", a_reward=1.0).items() if k != "base_answer_sha1"}]}
+    assert list(_merge_previous(old, settings, {"b": {}}, [task("y", b_reward=0.0)])[0]) == ["a", "b"]
+    assert list(_merge_previous(previous, {**settings, "eval_tasks": 16}, {"b": {}}, [task("x")])[0]) == ["b"]
+
+
 def test_compare_flow_runs_each_run_as_a_task_and_publishes_the_report(tmp_path, models_dir, monkeypatch):
     """The Prefect flow (ephemeral server): one task per run, the report on disk and as artifacts."""
     from lopd_core.config import load_config
