@@ -105,10 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         policies.load_student(final_dir(args.root, run) / "student")
         episodes[run] = play(policies.student, run)
         print(run, json.dumps(compare_to_base(base, episodes[run])), flush=True)
+    base_answers = [_answer(b) for b in base]
     tasks = [{"task_id": b.task_id, "family": b.family, "base_reward": b.reward, "base_feedback": b.feedback[:200],
-              "base_answer_sha1": hashlib.sha1(_answer(b).encode()).hexdigest(),
+              "base_answer_sha1": hashlib.sha1(base_answers[i].encode()).hexdigest(),
               **{f"{run}_reward": eps[i].reward for run, eps in episodes.items()},
-              **{f"{run}_changed": _answer(eps[i]) != _answer(b) for run, eps in episodes.items()},
+              **{f"{run}_changed": _answer(eps[i]) != base_answers[i] for run, eps in episodes.items()},
               **{f"{run}_feedback": eps[i].feedback[:200] for run, eps in episodes.items()}}
              for i, b in enumerate(base)]
     out = args.out or RESULTS / f"heldout_tasks_{suite}.json"
