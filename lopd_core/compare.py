@@ -320,7 +320,14 @@ class Comparison:
                 "budget": self.budget}
 
     def _with_signals(self, run: dict[str, Any]) -> dict[str, Any]:
-        signals = self.training_signals(run["mlflow_run_id"])
+        from mlflow.exceptions import MlflowException
+
+        try:
+            signals = self.training_signals(run["mlflow_run_id"])
+        except MlflowException:
+            signals = {}
+        if not signals and run.get("signals"):
+            return run  # its MLflow run is not in this store (results copied to a new root): keep what it recorded
         tokens = signals.get("rollout/generated_tokens")
         # generated tokens from the per-step metrics: also the steps of an attempt killed before the run ended
         return {**run, "signals": signals, **({"generated_tokens": int(tokens["sum"])} if tokens else {})}

@@ -50,6 +50,17 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert set(json.loads(partial.stdout.strip().splitlines()[-1])["final_success"]) == {"lopd", "grpo"}
     assert not (runs / "none-s0").exists()
 
+    # results carried to another workspace (its MLflow store lacks these runs): the recorded signals are kept
+    moved = tmp_path / "moved"
+    for run in json.loads((report / "results.json").read_text())["runs"]:
+        (moved / "runs" / run["run"]).mkdir(parents=True)
+        (moved / "runs" / run["run"] / "result.json").write_text(json.dumps(run))
+    elsewhere = _compare(tmp_path / "ws2", models_dir, tmp_path / "moved-report", "lopd,grpo", "--report-only",
+                         "--root", str(moved))
+    assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
+    kept = {r["run"]: r["signals"] for r in json.loads((tmp_path / "moved-report" / "results.json").read_text())["runs"]}
+    assert kept == signals
+
     # generated tokens read back from the per-step metrics agree with the run's own count (nothing was killed)
     reported = {r["run"]: r for r in json.loads((report / "results.json").read_text())["runs"]}
     assert reported["lopd-s0"]["generated_tokens"] == lopd["generated_tokens"] > 0
