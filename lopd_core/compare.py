@@ -320,14 +320,9 @@ class Comparison:
                 "budget": self.budget}
 
     def _with_signals(self, run: dict[str, Any]) -> dict[str, Any]:
-        from mlflow.exceptions import MlflowException
-
-        try:
-            signals = self.training_signals(run["mlflow_run_id"])
-        except MlflowException:
-            signals = {}
+        signals = self.training_signals(run["mlflow_run_id"])  # empty when this store lacks the run
         if not signals and run.get("signals"):
-            return run  # its MLflow run is not in this store (results copied to a new root): keep what it recorded
+            return run  # results carried to a new root: keep what the run recorded
         tokens = signals.get("rollout/generated_tokens")
         # generated tokens from the per-step metrics: also the steps of an attempt killed before the run ended
         return {**run, "signals": signals, **({"generated_tokens": int(tokens["sum"])} if tokens else {})}
