@@ -308,7 +308,11 @@ def test_micro_batches_give_the_same_step_as_the_whole_batch(tiny_tokenizer, mod
         algo = LOPD(cfg.distill, policies, composer)
         runs.append([algo.step(StepInputs(step=s, trajectories=rows, tasks=tasks, retrieved=retrieved)) for s in range(2)])
     assert runs[1][0]["distill/micro_batches"] == 2 and runs[0][0]["distill/micro_batches"] == 1
+    # Δ, the margin term and β (driven by Δ) are means of differences of float32 token log-probs of size
+    # ~log(vocab) ≈ 11, so summation order alone moves them by ~1e-6; a wrong micro-batch weighting moves
+    # them by their own size (~1e-3).
+    loose = {"distill/privilege_delta", "distill/margin_delta", "distill/beta"}
     for a, b in zip(*runs, strict=True):
         for key in ("distill/kl_topk", "distill/composer_kl", "distill/privilege_delta", "distill/margin_delta",
                     "distill/beta", "distill/anchor", "distill/composer_grad_norm", "distill/student_grad_norm"):
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), key
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5 if key in loose else 1e-7), key
