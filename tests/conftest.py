@@ -58,3 +58,27 @@ def prepared_default_dir() -> Path:
 
     ws = Workspace.default().ensure()
     return Path(prepare_default(ws.models_dir, log=lambda m: None).path)
+
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop Prefect's ephemeral API server while pytest's output capture is still open. Left to Prefect's own
+    atexit hook, its "Stopping temporary server" log line hits a closed stream (a logging traceback after the
+    summary) or a server already gone ("Error logging to API")."""
+    import logging
+    import sys
+
+    server = sys.modules.get("prefect.server.api.server")
+    if server is None:
+        return
+    handlers = sys.modules.get("prefect.logging.handlers")
+    if handlers is not None:
+        handlers.APILogWorker.drain_all(timeout=5)
+    logger = server.subprocess_server_logger
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        for instance in list(server.SubprocessASGIServer._instances.values()):
+            instance.stop()
+    finally:
+        logger.setLevel(level)
