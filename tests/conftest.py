@@ -60,7 +60,6 @@ def prepared_default_dir() -> Path:
     return Path(prepare_default(ws.models_dir, log=lambda m: None).path)
 
 
-
 def pytest_sessionfinish(session, exitstatus):
     """Stop Prefect's ephemeral API server while pytest's output capture is still open. Left to Prefect's own
     atexit hook, its "Stopping temporary server" log line hits a closed stream (a logging traceback after the
