@@ -67,17 +67,20 @@ def pytest_sessionfinish(session, exitstatus):
     import logging
     import sys
 
+    # Only cosmetics: these are Prefect internals, so a Prefect release that moves them skips the clean-up
+    # (and brings the noise back) instead of failing the session.
     server = sys.modules.get("prefect.server.api.server")
-    if server is None:
+    instances = getattr(getattr(server, "SubprocessASGIServer", None), "_instances", None)
+    if not instances:
         return
-    handlers = sys.modules.get("prefect.logging.handlers")
-    if handlers is not None:
-        handlers.APILogWorker.drain_all(timeout=5)
-    logger = server.subprocess_server_logger
+    worker = getattr(sys.modules.get("prefect.logging.handlers"), "APILogWorker", None)
+    if worker is not None:
+        worker.drain_all(timeout=5)
+    logger = getattr(server, "subprocess_server_logger", logging.getLogger("prefect"))
     level = logger.level
     logger.setLevel(logging.WARNING)
     try:
-        for instance in list(server.SubprocessASGIServer._instances.values()):
+        for instance in list(instances.values()):
             instance.stop()
     finally:
         logger.setLevel(level)
