@@ -1,9 +1,9 @@
 """The teacher-privilege probe (benchmarks/teacher_privilege.py): its δ figures are what they say they are.
 
-The end-to-end run of the script on a finished comparison is in tests/test_compare.py; here the two pieces
-its numbers rest on are checked against values computed another way: the base model's token log-probs
-(against a plain forward pass of the model) and the summary of δ = log p_teacher − log p_base (against
-hand-made log-probs whose summary is known).
+The end-to-end run of the script on a finished comparison is in tests/test_compare.py; here the pieces its
+numbers rest on are checked against values computed another way: the base model's token log-probs and the
+text-context teacher's (against plain forward passes of the model on the sequences they should score) and
+the summary of δ = log p_teacher − log p_base (against hand-made log-probs whose summary is known).
 """
 
 from __future__ import annotations
@@ -64,3 +64,40 @@ def test_base_logprobs_are_the_models_own_next_token_logprobs(models_dir):
         assert scores.shape == (2, len(positions))
         torch.testing.assert_close(scores[0], want, atol=1e-4, rtol=1e-4)
         assert scores[1].tolist() == expected.argmax(-1).float().tolist()  # the base's top-1 at each action
+
+
+def test_text_teacher_logprobs_are_the_models_logprobs_behind_the_text_context(models_dir):
+    """The text-context teacher's per-episode scores: a plain forward pass of the base model on the task
+    prompt with the experiences as text, followed by the episode's own continuation, read at its actions."""
+    from benchmarks.teacher_privilege import token_logprobs
+    from lopd_core.algorithms.lopd import LOPD, truncated_experience_text
+    from lopd_core.algorithms.synthetic import experience_of
+    from lopd_core.models.latent import TEXT_SEPARATOR, text_context_prompt
+
+    cfg = load_config("smoke").with_overrides({"distill.lopd.context": "text", "distill.micro_batch": 2})
+    torch.manual_seed(0)
+    policies = build_policy_set(cfg.model, cfg.distill.lopd, models_dir, device="cpu")
+    tok = policies.tokenizer
+    rows = [make_trajectory(tok, task_id=f"t{i}", instruction=f"What is {i}+3?" + " Be brief." * i,
+                            replies=['<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
+                                     f"It is {i + 3}." + " Done." * i],
+                            observations=[f"<tool_response>{i + 3}</tool_response>"], reward=float(i % 2))
+            for i in range(3)]  # prompts and replies of different lengths over two micro-batches: padding and row splits
+    experiences = [[experience_of(rows[(i + 1) % 3]), experience_of(rows[(i + 2) % 3])][: i + 1] for i in range(3)]
+    got = token_logprobs(LOPD(cfg.distill, policies, None), rows, experiences)
+
+    assert len(got) == len(rows)
+    max_tokens = cfg.distill.lopd.experience_max_tokens
+    for row, exps, scores in zip(rows, experiences, got, strict=True):
+        context = TEXT_SEPARATOR.join(truncated_experience_text(tok, e, max_tokens=max_tokens) for e in exps)
+        prompt = text_context_prompt(tok, row.messages[: row.initial_messages], row.tools, context).ids
+        ids = torch.tensor([[*prompt, *row.token_ids[row.prompt_len:]]])
+        with torch.no_grad():
+            logits = policies.base(input_ids=ids).logits[0].float()
+        shift = len(prompt) - row.prompt_len
+        positions = [i + shift for i, m in enumerate(row.assistant_mask) if m]
+        expected = torch.log_softmax(logits[[p - 1 for p in positions]], -1)
+        want = expected[torch.arange(len(positions)), ids[0, positions]]
+        assert scores.shape == (2, len(positions))
+        torch.testing.assert_close(scores[0], want, atol=1e-4, rtol=1e-4)
+        assert scores[1].tolist() == expected.argmax(-1).float().tolist()
