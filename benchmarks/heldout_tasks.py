@@ -51,9 +51,7 @@ def compare_to_base(base: list, student: list) -> dict[str, float]:
 
 def _merge_previous(previous: dict, settings: dict, students: dict, tasks: list[dict]) -> tuple[dict, list[dict]]:
     """The runs of an earlier result that this one did not replay, kept where both replayed the same base."""
-    fields = ("task_id", "base_reward", "base_feedback", "base_answer_sha1")
-    if any("base_answer_sha1" not in t for t in previous.get("per_task", [])):  # written before answers were hashed
-        fields = fields[:-1]
+    fields = ("task_id", "base_reward", "base_feedback", "base_answer_sha1")  # a file without hashes never matches
     same_base = [tuple(t.get(f) for f in fields) for t in previous.get("per_task", [])] == \
         [tuple(t[f] for f in fields) for t in tasks]
     if previous.get("settings") != settings or not same_base:
@@ -115,11 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / f"heldout_tasks_{suite}.json"
     settings = {"suite": suite, "profile": args.profile, "eval_tasks": args.eval_tasks}
     students = {run: compare_to_base(base, eps) for run, eps in episodes.items()}
+    command = portable("python -m benchmarks.heldout_tasks " + " ".join(argv or []), ws.home)
+    commands = [command]
     if args.resume and out.exists():
-        students, tasks = _merge_previous(json.loads(out.read_text()), settings, students, tasks)
+        previous = json.loads(out.read_text())
+        students, tasks = _merge_previous(previous, settings, students, tasks)
+        if set(students) - set(episodes):  # runs kept from the earlier result: name the commands that played them
+            commands = [*previous.get("commands", [previous.get("command", "?")]), command]
     out.write_text(json.dumps({
-        "benchmark": f"heldout_tasks_{suite}",
-        "command": portable("python -m benchmarks.heldout_tasks " + " ".join(argv or []), ws.home),
+        "benchmark": f"heldout_tasks_{suite}", "command": command, "commands": commands,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.perf_counter() - started, 1),
         "settings": settings, "base": _rates(base), "students": students, "per_task": tasks}, indent=2))
     print(f"wrote {out}")

@@ -32,7 +32,7 @@ BENCHMARKS = {
     "distill_memory": ["--quick"],
     "suite_baseline": ["--suites", "toolworld", "codegen", "--levels", "1", "--n", "32", "--modes", "greedy"],
 }
-SKIP_KEYS = {"benchmark", "command", "machine", "created", "timestamp", "updated", "note", "settings", "modes",
+SKIP_KEYS = {"benchmark", "command", "commands", "machine", "created", "timestamp", "updated", "note", "settings", "modes",
              "sizes", "setup", "goal", "target", "model", "seed", "per_task"}
 
 
@@ -81,7 +81,7 @@ def render() -> str:
         data = json.loads(path.read_text())
         machine = data.get("machine", {})
         parts += [f"### `{path.stem}`", "",
-                  f"Command: `{data.get('command', '?')}`  ",
+                  "Command: " + "; then ".join(f"`{c}`" for c in data.get("commands") or [data.get("command", "?")]) + "  ",
                   "Machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()) + "  ",
                   f"Measured: {data.get('created') or data.get('timestamp') or data.get('updated') or '?'}", ""]
         if data.get("goal"):

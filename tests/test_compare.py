@@ -124,6 +124,7 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert more["students"]["lopd-s0"] == tasks["students"]["lopd-s0"]
     assert [t["lopd-s0_feedback"] for t in more["per_task"]] == [t["lopd-s0_feedback"] for t in tasks["per_task"]]
     assert all("grpo-s0_reward" in t for t in more["per_task"])
+    assert more["commands"] == [tasks["command"], more["command"]] and "--runs lopd-s0" in tasks["command"]
 
 
 def test_heldout_resume_keeps_earlier_runs_only_when_the_base_answers_are_the_same():
@@ -140,9 +141,9 @@ def test_heldout_resume_keeps_earlier_runs_only_when_the_base_answers_are_the_sa
     assert list(students) == ["a", "b"] and tasks == [task("x", a_reward=1.0, b_reward=0.0)]
     students, tasks = _merge_previous(previous, settings, {"b": {"lost": 0}}, [task("y", b_reward=0.0)])
     assert list(students) == ["b"] and tasks == [task("y", b_reward=0.0)]
-    # a file written before answers were hashed is compared on id, reward and feedback
+    # a file written before answers were hashed cannot show the same base answers: its runs are dropped
     old = {**previous, "per_task": [{k: v for k, v in task("x", a_reward=1.0).items() if k != "base_answer_sha1"}]}
-    assert list(_merge_previous(old, settings, {"b": {}}, [task("y", b_reward=0.0)])[0]) == ["a", "b"]
+    assert list(_merge_previous(old, settings, {"b": {}}, [task("x", b_reward=0.0)])[0]) == ["b"]
     assert list(_merge_previous(previous, {**settings, "eval_tasks": 16}, {"b": {}}, [task("x")])[0]) == ["b"]
 
 
