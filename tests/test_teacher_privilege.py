@@ -25,6 +25,18 @@ def scored(logprobs: list[float], top1: list[int]) -> torch.Tensor:
     return torch.tensor([logprobs, [float(t) for t in top1]])
 
 
+def assert_forward_scores(policies, ids: list[int], positions: list[int], scores: torch.Tensor) -> None:
+    """``scores`` (the probe's rows: token log-probs, top-1 ids) are the base model's own, from one plain
+    forward pass over ``ids``, at the action tokens ``positions``."""
+    with torch.no_grad():
+        logits = policies.base(input_ids=torch.tensor([ids])).logits[0].float()
+    expected = torch.log_softmax(logits[[p - 1 for p in positions]], -1)
+    want = expected[torch.arange(len(positions)), [ids[p] for p in positions]]
+    assert scores.shape == (2, len(positions))
+    torch.testing.assert_close(scores[0], want, atol=1e-4, rtol=1e-4)
+    assert scores[1].tolist() == expected.argmax(-1).float().tolist()  # the model's top-1 at each action
+
+
 def test_summary_of_deltas_matches_hand_computed_values():
     rows = [SimpleNamespace(success=True, reward=1.0), SimpleNamespace(success=False, reward=0.25)]
     base = [scored([-1.0, -2.0, -3.0], [5, 6, 7]), scored([-1.0, -1.0], [8, 9])]
@@ -55,15 +67,7 @@ def test_base_logprobs_are_the_models_own_next_token_logprobs(models_dir):
 
     assert len(got) == len(rows)
     for row, scores in zip(rows, got, strict=True):
-        ids = torch.tensor([row.token_ids])
-        with torch.no_grad():
-            logits = policies.base(input_ids=ids).logits[0].float()
-        positions = [i for i, m in enumerate(row.assistant_mask) if m]
-        expected = torch.log_softmax(logits[[p - 1 for p in positions]], -1)
-        want = expected[torch.arange(len(positions)), ids[0, positions]]
-        assert scores.shape == (2, len(positions))
-        torch.testing.assert_close(scores[0], want, atol=1e-4, rtol=1e-4)
-        assert scores[1].tolist() == expected.argmax(-1).float().tolist()  # the base's top-1 at each action
+        assert_forward_scores(policies, row.token_ids, [i for i, m in enumerate(row.assistant_mask) if m], scores)
 
 
 def test_text_teacher_logprobs_are_the_models_logprobs_behind_the_text_context(models_dir):
@@ -91,13 +95,6 @@ def test_text_teacher_logprobs_are_the_models_logprobs_behind_the_text_context(m
     for row, exps, scores in zip(rows, experiences, got, strict=True):
         context = TEXT_SEPARATOR.join(truncated_experience_text(tok, e, max_tokens=max_tokens) for e in exps)
         prompt = text_context_prompt(tok, row.messages[: row.initial_messages], row.tools, context).ids
-        ids = torch.tensor([[*prompt, *row.token_ids[row.prompt_len:]]])
-        with torch.no_grad():
-            logits = policies.base(input_ids=ids).logits[0].float()
         shift = len(prompt) - row.prompt_len
-        positions = [i + shift for i, m in enumerate(row.assistant_mask) if m]
-        expected = torch.log_softmax(logits[[p - 1 for p in positions]], -1)
-        want = expected[torch.arange(len(positions)), ids[0, positions]]
-        assert scores.shape == (2, len(positions))
-        torch.testing.assert_close(scores[0], want, atol=1e-4, rtol=1e-4)
-        assert scores[1].tolist() == expected.argmax(-1).float().tolist()
+        assert_forward_scores(policies, [*prompt, *row.token_ids[row.prompt_len:]],
+                              [i + shift for i, m in enumerate(row.assistant_mask) if m], scores)
