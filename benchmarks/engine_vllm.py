@@ -77,7 +77,7 @@ def main() -> None:
 
     from lopd_core.envs import get_suite
     from lopd_core.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-    from lopd_core.rollout.chat import render_prompt_ids
+    from lopd_core.records.chat import render_prompt_ids
     from lopd_core.rollout.engines import make_engine
     from lopd_core.rollout.engines.base import SamplingParams
     from lopd_core.workspace import Workspace

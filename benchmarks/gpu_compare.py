@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from lopd_core.compare import split_names
     from lopd_core.envs import get_suite
     from lopd_core.evaluation import evaluate, run_suite
-    from lopd_core.memory.base import InMemoryRetriever
+    from lopd_core.memory.in_memory import InMemoryRetriever
     from lopd_core.metrics import InMemoryLogger
     from lopd_core.models.loading import DEFAULT_MODEL
     from lopd_core.training import build_policies, cold_start, experiences_from_trajectories, train

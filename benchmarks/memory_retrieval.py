@@ -59,7 +59,7 @@ def build_table(store, n: int, *, centers: np.ndarray, seed: int, batch: int = 2
     import pyarrow as pa
 
     from data_contracts.models import SCHEMA_VERSION
-    from lopd_core.memory.embedder import CONTENT_DIM
+    from lopd_core.records.experience import CONTENT_DIM
     from lopd_core.memory.store import arrow_schema
 
     rng = np.random.default_rng(seed)
@@ -101,7 +101,7 @@ def _median_runs(runs: list[dict]) -> dict:
 
 
 def bench_retrieval(n: int, *, n_queries: int, repeats: int, seed: int = 0, index_type: str = "auto") -> dict:
-    from lopd_core.memory.base import RetrievalQuery
+    from lopd_core.records.experience import RetrievalQuery
     from lopd_core.memory.retriever import leakage_filter
     from lopd_core.memory.store import ExperienceStore
 
@@ -163,7 +163,7 @@ def bench_retrieval(n: int, *, n_queries: int, repeats: int, seed: int = 0, inde
 
 
 def _texts(n: int) -> list:
-    from lopd_core.rollout.trajectory import Trajectory
+    from lopd_core.records.trajectory import Trajectory
 
     domains = ["shop", "calendar", "weather", "bank"]
     verbs = ["book", "cancel", "find", "move", "check", "buy", "refund", "schedule"]

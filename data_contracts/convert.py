@@ -23,8 +23,8 @@ from data_contracts.models import (
     TrajectorySchema,
     contract_columns,
 )
-from lopd_core.memory.base import Experience
-from lopd_core.rollout.trajectory import Trajectory
+from lopd_core.records.experience import Experience
+from lopd_core.records.trajectory import Trajectory
 
 _LIST_FIELDS = ("token_ids", "assistant_mask", "sampling_logprobs")
 _TRAJECTORY_JSON = JSON_COLUMNS["trajectories"]
@@ -97,7 +97,7 @@ def frame_to_trajectories(frame: pd.DataFrame) -> list[Trajectory]:
 
 
 def row_to_experience(row: dict[str, Any], *, score: float = 0.0) -> Experience:
-    """A retrieval record (:class:`lopd_core.memory.base.Experience`) from an experiences row."""
+    """A retrieval record (:class:`lopd_core.records.experience.Experience`) from an experiences row."""
     messages = row.get("messages", "[]")
     return Experience(
         experience_id=str(row["experience_id"]),

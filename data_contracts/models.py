@@ -33,7 +33,7 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
-from lopd_core.memory.embedder import CONTENT_DIM
+from lopd_core.records.experience import CONTENT_DIM
 
 SCHEMA_VERSION = 1
 """Bumped whenever a model below changes incompatibly; stored in every row and tagged on model versions."""
@@ -133,7 +133,7 @@ def _vector_ok(value: Any, dim: int | None = None) -> bool:
 
 # --------------------------------------------------------------------------------------------------
 class TrajectorySchema(pa.DataFrameModel):
-    """Every rollout, errored ones included: the fields of :class:`lopd_core.rollout.trajectory.Trajectory`."""
+    """Every rollout, errored ones included: the fields of :class:`lopd_core.records.trajectory.Trajectory`."""
 
     trajectory_id: Series[str] = pa.Field(str_length={"min_value": 1})
     episode_id: Series[str] = pa.Field(str_length={"min_value": 1})

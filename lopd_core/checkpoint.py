@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lopd_core.models.composer import save_composer
+
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 _PREFIX = "step_"
@@ -89,7 +91,6 @@ def save_checkpoint(run_dir: Path, *, step: int, policies, algorithm, cfg, curso
                     table_version: int | None = None, budget: dict[str, float] | None = None,
                     extra: dict[str, Any] | None = None, keep: int = 2) -> Path:
     """Write ``run_dir/step_<step>/`` atomically and prune to the newest ``keep``; returns the directory."""
-    from lopd_core.models.composer import save_composer
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from lopd_core.cycle import MlflowMetricLogger
+from lopd_core.envs import get_suite
+from lopd_core.evaluation import evaluate, run_suite
+from lopd_core.memory.curation import curate_store
+from lopd_core.memory.indexing import index_store
+from lopd_core.memory.sql import sql_in
+from lopd_core.memory.store import ExperienceStore
+from lopd_core.registry import ModelRegistry
+from lopd_core.training import build_policies, cold_start, needs_composer, train
+from lopd_core.workspace import Workspace
+
 BASELINES = ("lopd", "grpo", "opsd", "sdpo", "skill_sd", "none")
 SIGNALS = ("rollout/success_rate", "distill/updated", "distill/student_grad_norm", "distill/kl_topk",
            "distill/privilege_delta", "distill/beta", "rollout/generated_tokens")
@@ -113,7 +124,6 @@ class Comparison:
         self.eval_every = eval_every or self.cfg.evaluate.every_steps
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        from lopd_core.workspace import Workspace
 
         self.ws = Workspace.from_config(self.cfg.workspace).ensure()
         self._store = None
@@ -123,8 +133,6 @@ class Comparison:
     @property
     def store(self):
         if self._store is None:
-            from lopd_core.memory.store import ExperienceStore
-
             self._store = ExperienceStore(str(self.root / "lance"), embedder=self.cfg.index.embedder,
                                           embed_field=self.cfg.index.embed_field,
                                           dedupe_threshold=self.cfg.curation.dedupe_threshold)
@@ -133,8 +141,6 @@ class Comparison:
     @property
     def registry(self):
         if self._registry is None:
-            from lopd_core.registry import ModelRegistry
-
             self._registry = ModelRegistry.from_workspace(self.ws, self.cfg.registry)
         return self._registry
 
@@ -150,10 +156,6 @@ class Comparison:
         state = self._state()
         if "bank" in state:
             return state["bank"]
-        from lopd_core.evaluation import run_suite
-        from lopd_core.memory.curation import curate_store
-        from lopd_core.memory.indexing import index_store
-        from lopd_core.training import build_policies
 
         cfg, r = self.cfg, self.cfg.rollout
         policies = build_policies(cfg, models_dir=self.ws.models_dir)
@@ -184,14 +186,12 @@ class Comparison:
 
     def cold_start(self, cfg) -> Path:
         """The cold-started composer for this latent shape (K), trained once on the bank."""
-        from lopd_core.training import cold_start
 
         k = cfg.distill.lopd.n_latents
         out = self.root / "cold_start" / f"k{k}"
         if (out / "lopd_composer.json").exists():
             return out
         bank_ids = self.store.read("curated", columns=["trajectory_id"])["trajectory_id"].tolist()
-        from lopd_core.memory.store import sql_in
 
         successes = self.store.read_trajectories(where=sql_in("trajectory_id", bank_ids)) if bank_ids else []
         if not successes:
@@ -213,8 +213,6 @@ class Comparison:
         state = self._state()
         if "base_eval" in state:
             return state["base_eval"]
-        from lopd_core.evaluation import evaluate
-        from lopd_core.training import build_policies
 
         policies = build_policies(self.cfg, models_dir=self.ws.models_dir)
         metrics = evaluate(policies.teacher, policies.tokenizer, cfg=self.cfg, suite_name=self.suite_name,
@@ -225,10 +223,6 @@ class Comparison:
 
     # --- one run -------------------------------------------------------------------------------------
     def run(self, spec: RunSpec) -> dict[str, Any]:
-        from lopd_core.cycle import MlflowMetricLogger
-        from lopd_core.evaluation import evaluate
-        from lopd_core.training import build_policies, needs_composer, train
-
         folder = run_dir(self.root, spec.key)
         result_file = folder / "result.json"
         if result_file.exists():
@@ -357,8 +351,6 @@ class Comparison:
 
 
 def _suite(name: str):
-    from lopd_core.envs import get_suite
-
     return get_suite(name)
 
 

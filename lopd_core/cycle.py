@@ -32,6 +32,25 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from lopd_core.envs import get_suite
+from lopd_core.evaluation import episode_metrics, evaluate
+from lopd_core.memory.curation import curate_store
+from lopd_core.memory.indexing import index_store
+from lopd_core.memory.sql import sql_in
+from lopd_core.memory.store import ExperienceStore
+from lopd_core.metrics import numeric
+from lopd_core.registry import ModelRegistry, decide_promotion
+from lopd_core.rollout.agent import run_episodes
+from lopd_core.rollout.engines import make_engine
+from lopd_core.rollout.engines.base import SamplingParams
+from lopd_core.training import (
+    build_policies,
+    cold_start,
+    is_base_marker,
+    load_student_init,
+    needs_composer,
+    train,
+)
 from lopd_core.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -84,8 +103,6 @@ class MlflowMetricLogger:
         self.registry, self.run_id, self.step_offset = registry, run_id, step_offset
 
     def log(self, metrics, *, step: int) -> None:
-        from lopd_core.metrics import numeric
-
         self.registry.log_metrics(self.run_id, numeric(metrics), step=step + self.step_offset)
 
 
@@ -107,20 +124,14 @@ class CycleContext:
 
     @cached_property
     def store(self):
-        from lopd_core.memory.store import ExperienceStore
-
         return ExperienceStore.from_config(self.cfg)
 
     @cached_property
     def registry(self):
-        from lopd_core.registry import ModelRegistry
-
         return ModelRegistry.from_workspace(self.ws, self.cfg.registry)
 
     @cached_property
     def suite(self):
-        from lopd_core.envs import get_suite
-
         return get_suite(self.cfg.rollout.suite)
 
     @cached_property
@@ -160,7 +171,6 @@ def _params(cfg, cycle_id: str) -> dict[str, Any]:
 
 def _policies(ctx: CycleContext, student_version: str | None):
     """The run's models with the given registered student version loaded (None/base: the base weights)."""
-    from lopd_core.training import build_policies, load_student_init
 
     policies = build_policies(ctx.cfg, models_dir=ctx.ws.models_dir)
     if student_version is not None:
@@ -181,10 +191,6 @@ def _rekey(trajectories, cycle_id: str, stage: str, step: int | None = None):
 # Stages
 def stage_rollouts(ctx: CycleContext) -> dict[str, Any]:
     """Episodes on training tasks with the @champion student, into the trajectories table."""
-    from lopd_core.evaluation import episode_metrics
-    from lopd_core.rollout.agent import run_episodes
-    from lopd_core.rollout.engines import make_engine
-    from lopd_core.rollout.engines.base import SamplingParams
 
     cfg, r = ctx.cfg, ctx.cfg.rollout
     champion = ctx.champion()
@@ -214,7 +220,6 @@ def stage_rollouts(ctx: CycleContext) -> dict[str, Any]:
 
 def stage_curate(ctx: CycleContext) -> dict[str, Any]:
     """All stored trajectories → the curated table (cumulative bank; the report says what was kept and why)."""
-    from lopd_core.memory.curation import curate_store
 
     report = curate_store(ctx.store, ctx.cfg)
     (ctx.dir / "curation.md").write_text(report.to_markdown())
@@ -226,7 +231,6 @@ def stage_curate(ctx: CycleContext) -> dict[str, Any]:
 
 def stage_index(ctx: CycleContext) -> dict[str, Any]:
     """Embed the curated rows into ``experiences`` (new table version when anything changed)."""
-    from lopd_core.memory.indexing import index_store
 
     result = index_store(ctx.store, max_bad_fraction=ctx.cfg.curation.max_bad_row_fraction)
     n = ctx.store.count("experiences")
@@ -240,7 +244,6 @@ def stage_index(ctx: CycleContext) -> dict[str, Any]:
 
 def _cold_start_if_needed(ctx: CycleContext, composer_init: Path | None, retriever) -> Path | None:
     """Cycle 1 (champion composer = base marker): cold-start the composer on the bank's own successes."""
-    from lopd_core.training import cold_start, is_base_marker, needs_composer
 
     if not needs_composer(ctx.cfg) or not (composer_init is None or is_base_marker(composer_init)):
         return composer_init
@@ -249,7 +252,6 @@ def _cold_start_if_needed(ctx: CycleContext, composer_init: Path | None, retriev
         return out_dir
     # y* = the curated bank's source trajectories (the curation thresholds decide what counts as success);
     # the sampled ids are used as they are, so the cold start trains on exactly what the base model produced.
-    from lopd_core.memory.store import sql_in
 
     curated_ids = ctx.store.read("curated", columns=["trajectory_id"])["trajectory_id"].tolist()
     successes = ctx.store.read_trajectories(where=sql_in("trajectory_id", curated_ids)) if curated_ids else []
@@ -269,7 +271,6 @@ def _cold_start_if_needed(ctx: CycleContext, composer_init: Path | None, retriev
 
 def stage_distill(ctx: CycleContext) -> dict[str, Any]:
     """N training steps from the champion pair, retrieval pinned at this cycle's experiences version."""
-    from lopd_core.training import train
 
     index_ref = ctx.record.stages.get("index") or stage_index(ctx)
     version = int(index_ref["experiences_version"])
@@ -300,7 +301,6 @@ def stage_distill(ctx: CycleContext) -> dict[str, Any]:
 
 def _evaluate_student(ctx: CycleContext, policies, role: str, label: str, *, use_base_weights: bool) -> dict:
     from data_contracts.convert import evaluation_frame
-    from lopd_core.evaluation import evaluate
 
     scope = policies.teacher if use_base_weights else policies.student
     result = evaluate(scope, policies.tokenizer, cfg=ctx.cfg, suite_name=ctx.cfg.rollout.suite, policy_version=label,
@@ -319,7 +319,6 @@ def _evaluate_student(ctx: CycleContext, policies, role: str, label: str, *, use
 
 def stage_evaluate(ctx: CycleContext) -> dict[str, Any]:
     """Challenger (this cycle's student) vs champion on the held-out set, with the probe and drift metrics."""
-    from lopd_core.training import load_student_init
 
     distill = ctx.record.stages["distill"]
     champion = ctx.champion()
@@ -343,7 +342,6 @@ def stage_evaluate(ctx: CycleContext) -> dict[str, Any]:
 def stage_promote(ctx: CycleContext) -> dict[str, Any]:
     """Register the pair (@challenger), run the gate, move @champion when it passes; write the report."""
     from data_contracts import SCHEMA_VERSION
-    from lopd_core.registry import decide_promotion
 
     distill, evaluation = ctx.record.stages["distill"], ctx.record.stages["evaluate"]
     champion_before = ctx.champion()

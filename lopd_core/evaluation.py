@@ -25,7 +25,12 @@ from typing import Any
 
 import torch
 
-from lopd_core.rollout.trajectory import Trajectory
+from lopd_core.envs import get_suite
+from lopd_core.records.chat import render_prompt_ids
+from lopd_core.records.trajectory import Trajectory
+from lopd_core.rollout.agent import run_episodes
+from lopd_core.rollout.engines import make_engine
+from lopd_core.rollout.engines.base import SamplingParams
 
 EVAL_SEED = 10_007
 """Task seed of the held-out sets (fixed, so every model version is scored on the same tasks)."""
@@ -80,10 +85,6 @@ def run_suite(model, tokenizer, suite_name: str, *, cfg, split: str, n_tasks: in
               policy_version: str, temperature: float, progress: bool = False, cycle_id: str = "",
               step: int = -1) -> list[Trajectory]:
     """Generate ``n_tasks`` episodes of a suite with the hf engine on ``model`` (already on its device)."""
-    from lopd_core.envs import get_suite
-    from lopd_core.rollout.agent import run_episodes
-    from lopd_core.rollout.engines import make_engine
-    from lopd_core.rollout.engines.base import SamplingParams
 
     suite = get_suite(suite_name)
     tasks = suite.tasks(split, n_tasks, level=cfg.rollout.level, seed=seed)
@@ -99,8 +100,6 @@ def run_suite(model, tokenizer, suite_name: str, *, cfg, split: str, n_tasks: in
 # --------------------------------------------------------------------------------------------------
 # General-prompt probe
 def _chat_ids(tokenizer, prompt: str) -> list[int]:
-    from lopd_core.rollout.chat import render_prompt_ids
-
     return render_prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
 
 

@@ -16,7 +16,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lopd_core.cycle import CycleContext, _evaluate_student
+from lopd_core.cycle import CycleContext, _evaluate_student, _policies
+from lopd_core.memory.curation import curate_store
+from lopd_core.memory.indexing import index_store
+from lopd_core.registry import PairVersion, decide_promotion
+from lopd_core.training import is_base_marker
+from lopd_core.workspace import Workspace
 
 
 def _ops_context(cfg, name: str) -> CycleContext:
@@ -38,13 +43,11 @@ def resolve_version(registry, ref: str) -> tuple[str, str]:
 
 def evaluate_version(cfg, ref: str = "champion") -> dict[str, Any]:
     """Held-out evaluation of one registered student version (tags it with ``eval_summary``)."""
-    from lopd_core.cycle import _policies
 
     ctx = _ops_context(cfg, f"eval-{ref}")
     ctx.champion()  # bootstraps the registry on a fresh workspace
     student, composer = resolve_version(ctx.registry, ref)
     source = ctx.registry.download("student", student)
-    from lopd_core.training import is_base_marker
 
     policies = _policies(ctx, None if is_base_marker(source) else student)
     metrics = _evaluate_student(ctx, policies, f"student-v{student}", f"student-v{student}",
@@ -65,7 +68,6 @@ def _summary(registry, cfg, student: str) -> dict[str, float]:
 
 def promote_challenger(cfg, *, flow_run_id: str = "") -> dict[str, Any]:
     """The gate on @challenger vs @champion (evaluating whichever has no stored summary)."""
-    from lopd_core.registry import PairVersion, decide_promotion
 
     ctx = _ops_context(cfg, "promote")
     champion, challenger = ctx.champion(), ctx.registry.challenger()
@@ -90,8 +92,6 @@ def rollback(cfg) -> dict[str, Any]:
 
 
 def list_cycles(cfg) -> list[str]:
-    from lopd_core.workspace import Workspace
-
     ws = Workspace.from_config(cfg.workspace).ensure()
     return sorted(p.parent.name for p in ws.runs_dir.glob("*/cycle.json"))
 
@@ -99,8 +99,6 @@ def list_cycles(cfg) -> list[str]:
 def backfill(cfg, *, cycle_ids: list[str] | None = None, since: str = "", until: str = "",
              rebuild_index: bool = False, reevaluate: list[str] | None = None) -> dict[str, Any]:
     """Re-curate + re-index the window of cycles (ids, or ``since ≤ id ≤ until``); optionally re-evaluate versions."""
-    from lopd_core.memory.curation import curate_store
-    from lopd_core.memory.indexing import index_store
 
     window = list(cycle_ids or [])
     if not window and (since or until):

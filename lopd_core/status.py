@@ -10,12 +10,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lopd_core.memory.store import store_status
+from lopd_core.models.default import MANIFEST
+from lopd_core.registry import ModelRegistry
 from lopd_core.workspace import Workspace, _local_path
 
 
 def prepared_models(ws: Workspace) -> list[dict[str, Any]]:
-    from lopd_core.models.default import MANIFEST
-
     rows = []
     for d in sorted(p for p in ws.models_dir.glob("*") if (p / "config.json").exists()):
         info = json.loads((d / MANIFEST).read_text()) if (d / MANIFEST).exists() else {}
@@ -25,8 +26,6 @@ def prepared_models(ws: Workspace) -> list[dict[str, Any]]:
 
 def _experience_store(ws: Workspace) -> dict[str, Any]:
     try:
-        from lopd_core.memory.store import store_status
-
         info = store_status(ws.lance_uri)
     except ImportError as e:
         return {"available": False, "reason": str(e)}
@@ -40,8 +39,6 @@ def _registry(cfg, ws: Workspace) -> dict[str, Any]:
     if ws.mlflow_tracking_uri.startswith("sqlite:///") and not Path(local).exists():
         return {"available": False, "reason": "no MLflow store yet (run a cycle)"}
     try:
-        from lopd_core.registry import ModelRegistry
-
         reg = ModelRegistry.from_workspace(ws, cfg.registry)
     except ImportError as e:
         return {"available": False, "reason": str(e)}

@@ -49,12 +49,30 @@ import torch
 
 from lopd_core.algorithms import make_algorithm
 from lopd_core.algorithms.base import StepInputs
+from lopd_core.algorithms.cold_start import (
+    ColdStart,
+    batches,
+    cold_start_examples,
+    trajectory_from_experience,
+)
 from lopd_core.checkpoint import latest_checkpoint, read_checkpoint, restore_trainer_state, save_checkpoint
-from lopd_core.memory.base import Experience, RetrievalQuery, Retriever
+from lopd_core.memory.curation import lite_messages, lite_text
 from lopd_core.metrics import InMemoryLogger, MetricLogger, MultiLogger, numeric
-from lopd_core.models.composer import ComposerState, load_composer, new_composer_state, save_composer
+from lopd_core.models.composer import (
+    ComposerState,
+    freeze_phi0,
+    load_composer,
+    new_composer_state,
+    save_composer,
+)
 from lopd_core.models.policy import PolicySet, build_policy_set
-from lopd_core.rollout.trajectory import Trajectory
+from lopd_core.records.chat import end_of_turn_ids
+from lopd_core.records.experience import Experience, RetrievalQuery, Retriever
+from lopd_core.records.trajectory import Trajectory
+from lopd_core.rollout.agent import run_episodes, summarize_trajectories
+from lopd_core.rollout.engines import make_engine
+from lopd_core.rollout.engines.base import SamplingParams
+from lopd_core.workspace import Workspace
 
 log = logging.getLogger(__name__)
 BASE_MARKER = "lopd_base.json"
@@ -109,7 +127,6 @@ def is_base_marker(path: Path | None) -> bool:
 
 def build_policies(cfg, *, models_dir: Path | None = None) -> PolicySet:
     """The run's models: the configured base (teacher, encoder backbone) + the student, untrained."""
-    from lopd_core.workspace import Workspace
 
     models_dir = models_dir or Workspace.from_config(cfg.workspace).ensure().models_dir
     return build_policy_set(cfg.model, cfg.distill.lopd, models_dir)
@@ -135,16 +152,8 @@ def needs_composer(cfg) -> bool:
 
 
 def _make_engine(cfg, policies: PolicySet):
-    try:
-        from lopd_core.rollout.engines import make_engine
-    except ImportError:
-        make_engine = None
-    if make_engine is not None:
-        return make_engine(cfg.rollout.engine, policies.student_module(), policies.tokenizer,
-                           batch_size=cfg.rollout.batch_size)
-    from lopd_core.rollout.engines.hf import HFEngine
-
-    return HFEngine(policies.student_module(), policies.tokenizer, batch_size=cfg.rollout.batch_size)
+    return make_engine(cfg.rollout.engine, policies.student_module(), policies.tokenizer,
+                       batch_size=cfg.rollout.batch_size)
 
 
 def _seed_everything(seed: int) -> None:
@@ -191,14 +200,7 @@ def retrieve_for(retriever: Retriever | None, tasks: list, trajectories: list[Tr
 
 
 def rollout_metrics(trajectories: list[Trajectory], wall_s: float) -> dict[str, float]:
-    try:
-        from lopd_core.rollout.agent import summarize_trajectories
-
-        return numeric(summarize_trajectories(trajectories, wall_s=wall_s))
-    except ImportError:
-        n = max(len(trajectories), 1)
-        return {"rollout/success_rate": sum(t.success for t in trajectories) / n,
-                "rollout/mean_reward": sum(t.reward for t in trajectories) / n, "rollout/wall_s": wall_s}
+    return numeric(summarize_trajectories(trajectories, wall_s=wall_s))
 
 
 def experiences_from_trajectories(trajectories: list[Trajectory], cfg, *, kind: str) -> list[Experience]:
@@ -207,7 +209,6 @@ def experiences_from_trajectories(trajectories: list[Trajectory], cfg, *, kind: 
     The success threshold is ``curation.success_threshold_tool`` for tool suites and ``…_code`` for code
     suites; the full curation stage (dedupe, caps, family balance) lives in :mod:`lopd_core.memory.curation`.
     """
-    from lopd_core.memory.curation import lite_messages, lite_text
 
     threshold = cfg.curation.success_threshold(kind)
     out = []
@@ -235,9 +236,6 @@ def train(cfg, *, suite, retriever: Retriever | None, run_dir: Path, student_ini
     """
     from tqdm.auto import tqdm
 
-    from lopd_core.rollout.agent import run_episodes
-    from lopd_core.rollout.chat import end_of_turn_ids
-    from lopd_core.rollout.engines.base import SamplingParams
 
     d = cfg.distill
     run_dir = Path(run_dir)
@@ -356,12 +354,6 @@ def cold_start(cfg, *, retriever: Retriever, out_dir: Path, trajectories: list[T
     """
     from tqdm.auto import tqdm
 
-    from lopd_core.algorithms.cold_start import (
-        ColdStart,
-        batches,
-        cold_start_examples,
-        trajectory_from_experience,
-    )
 
     lopd, cold = cfg.distill.lopd, cfg.distill.lopd.cold_start
     _seed_everything(cfg.distill.seed)
@@ -384,8 +376,6 @@ def cold_start(cfg, *, retriever: Retriever, out_dir: Path, trajectories: list[T
             if logger is not None:
                 logger.log(metrics, step=i)
     if not composer.has_phi0:
-        from lopd_core.models.composer import freeze_phi0
-
         freeze_phi0(policies, composer)
     nll = [m["cold_start/nll"] for m in history]
     composer.info["cold_start"] = {"steps": cold.steps, "examples": len(examples), "nll_first": nll[0] if nll else None,

@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from lopd_core.config import WorkspaceConfig
+
 DEFAULT_HOME = ".lopd"
 
 
@@ -80,8 +82,6 @@ class Workspace:
 
     @classmethod
     def default(cls) -> Workspace:
-        from lopd_core.config import WorkspaceConfig
-
         return cls.from_config(WorkspaceConfig())
 
     def ensure(self) -> Workspace:

@@ -20,7 +20,7 @@ from lopd_core.rollout.agent import (
     shorten_observation,
     summarize_trajectories,
 )
-from lopd_core.rollout.chat import end_of_turn_ids, render_prompt_ids, render_text
+from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids, render_text
 from lopd_core.rollout.engines.base import SamplingParams
 from lopd_core.rollout.engines.hf import HFEngine
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from lopd_core.envs import get_suite
 from lopd_core.rollout.agent import run_episodes, summarize_trajectories
-from lopd_core.rollout.chat import encode, render_text
+from lopd_core.records.chat import encode, render_text
 from lopd_core.rollout.engines.base import Generation, SamplingParams
 from lopd_core.rollout.engines.hf import HFEngine
 
@@ -83,7 +83,7 @@ def test_tiny_model_episodes_are_exact_and_scored(tiny_model, tiny_tokenizer, su
 
 
 def test_lopd_rollout_cli(tmp_path, models_dir):
-    from lopd_core.cli import app
+    from lopd_cli.main import app
 
     args = ["rollout", "--profile", "smoke", "--set", f"workspace.home={tmp_path / 'ws'}",
             "--set", f"workspace.models_dir={models_dir}", "--suite", "toolworld", "--n", "2", "--split", "test",
@@ -101,7 +101,7 @@ def test_lopd_rollout_cli(tmp_path, models_dir):
 
 
 def test_lopd_rollout_cli_errors_name_the_fix(tmp_path, models_dir):
-    from lopd_core.cli import app
+    from lopd_cli.main import app
 
     base = ["rollout", "--profile", "smoke", "--set", f"workspace.home={tmp_path / 'ws'}",
             "--set", f"workspace.models_dir={models_dir}"]

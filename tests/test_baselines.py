@@ -19,7 +19,7 @@ from lopd_core.algorithms.context import sdpo_context
 from lopd_core.algorithms.skill_sd import SkillBank, template_skill
 from lopd_core.algorithms.synthetic import experience_of, make_trajectory, task_of
 from lopd_core.config import load_config
-from lopd_core.memory.base import InMemoryRetriever
+from lopd_core.memory.in_memory import InMemoryRetriever
 from lopd_core.models.policy import STUDENT, STUDENT_EMA, build_policy_set
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'

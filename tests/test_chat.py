@@ -1,6 +1,6 @@
 """Token alignment of the chat rendering helpers (SmolLM2 tokenizer and template)."""
 
-from lopd_core.rollout.chat import encode, render_prompt_ids, render_text, turn_suffix_ids
+from lopd_core.records.chat import encode, render_prompt_ids, render_text, turn_suffix_ids
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

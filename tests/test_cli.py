@@ -10,7 +10,7 @@ SUBCOMMANDS = ["models", "rollout", "sandbox", "memory", "distill", "cycle", "se
 
 
 def lopd(*args, env=None, check=False):
-    return subprocess.run([sys.executable, "-m", "lopd_core.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "lopd_cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, check=check)
 
 
@@ -38,7 +38,7 @@ def test_progress_lines_and_errors_keep_their_brackets(capsys):
     # rich would read "[bank]" as a markup tag and drop it; progress lines and error messages are plain text
     import typer
 
-    from lopd_core.commands.common import fail, log
+    from lopd_cli.common import fail, log
 
     log("[bank] 2/16 successes")
     try:

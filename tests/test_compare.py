@@ -8,7 +8,7 @@ import sys
 
 def _compare(home, models_dir, report, methods, *extra):
     return subprocess.run(
-        [sys.executable, "-m", "lopd_core.cli", "compare", "--profile", "smoke", "--set",
+        [sys.executable, "-m", "lopd_cli", "compare", "--profile", "smoke", "--set",
          f"workspace.models_dir={models_dir}", "--suite", "toolworld", "--methods", methods, "--budget", "4",
          "--eval-every", "1", "--report-dir", str(report), "--json", *extra],
         capture_output=True, text=True, env={**os.environ, "LOPD_HOME": str(home)}, timeout=900)

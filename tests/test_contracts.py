@@ -139,7 +139,7 @@ def test_loose_records_fill_defaults_and_quarantine_missing_required_fields():
 
 
 def _indexed_row(i, **overrides):
-    from lopd_core.memory.embedder import CONTENT_DIM
+    from lopd_core.records.experience import CONTENT_DIM
 
     vec = np.zeros(8, dtype=np.float32)
     vec[i % 8] = 1.0

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 def lopd(home: Path, models_dir: Path, *args: str, check: bool = True, **popen) -> subprocess.CompletedProcess:
     env = {**os.environ, "LOPD_HOME": str(home)}
-    cmd = [sys.executable, "-m", "lopd_core.cli", *args, "--profile", "smoke",
+    cmd = [sys.executable, "-m", "lopd_cli", *args, "--profile", "smoke",
            "--set", f"workspace.models_dir={models_dir}"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, **popen)
     if check and res.returncode != 0:
@@ -115,7 +115,7 @@ def _kill_orphans(home: Path) -> None:
 
 def test_crash_in_distillation_resumes_from_checkpoint(tmp_path, models_dir):
     home = tmp_path / "ws"
-    args = [sys.executable, "-m", "lopd_core.cli", "cycle", "--profile", "smoke", "--cycle-id", "k1",
+    args = [sys.executable, "-m", "lopd_cli", "cycle", "--profile", "smoke", "--cycle-id", "k1",
             "--set", f"workspace.models_dir={models_dir}", "--set", "distill.steps=4"]
     env = {**os.environ, "LOPD_HOME": str(home)}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -144,7 +144,7 @@ def test_malformed_rows_are_quarantined_and_the_cycle_completes(tmp_path, models
     """Fault injection: the rollout producer hands the real stage two broken trajectories."""
     from dataclasses import replace
 
-    import lopd_core.rollout.agent as agent
+    import lopd_core.cycle as cycle
     from lopd_core.config import load_config
 
     monkeypatch.setenv("LOPD_HOME", str(tmp_path / "ws"))
@@ -154,7 +154,7 @@ def test_malformed_rows_are_quarantined_and_the_cycle_completes(tmp_path, models
 
     for k, v in Workspace.from_config(cfg.workspace).ensure().prefect_env().items():
         monkeypatch.setenv(k, v)
-    real = agent.run_episodes
+    real = cycle.run_episodes
 
     def corrupting(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -163,7 +163,7 @@ def test_malformed_rows_are_quarantined_and_the_cycle_completes(tmp_path, models
             out[1] = replace(out[1], assistant_mask=out[1].assistant_mask[:-3])
         return out
 
-    monkeypatch.setattr(agent, "run_episodes", corrupting)
+    monkeypatch.setattr(cycle, "run_episodes", corrupting)  # the name the rollouts stage calls
     from flows.cycle import cycle_flow
 
     result = cycle_flow("smoke", overrides, "q1")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lopd_core.models.tiny import build_tiny_model
-from lopd_core.rollout.chat import render_prompt_ids
+from lopd_core.records.chat import render_prompt_ids
 from lopd_core.rollout.engines import make_engine
 from lopd_core.rollout.engines.base import Engine, SamplingParams
 from lopd_core.rollout.engines.hf import HFEngine

@@ -87,7 +87,7 @@ def test_extract_code(answer):
 def test_tiny_model_episode_scores_without_crashing(suite, tiny_model, tiny_tokenizer):
     import torch
 
-    from lopd_core.rollout.chat import render_prompt_ids
+    from lopd_core.records.chat import render_prompt_ids
 
     task = suite.tasks("train", 1, level=1)[0]
     env = suite.make_env(task)

@@ -8,7 +8,7 @@ import pytest
 
 from lopd_core.envs import get_suite
 from lopd_core.envs.base import Environment, Suite
-from lopd_core.envs.toolworld import CITIES, PEOPLE, PRODUCTS, TITLES
+from lopd_core.envs.toolworld.domain import CITIES, PEOPLE, PRODUCTS, TITLES
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_unintended_change_is_penalised(suite):
 
 
 def test_prompt_renders_compactly_with_the_tiny_tokenizer(suite, tiny_tokenizer):
-    from lopd_core.rollout.chat import render_prompt_ids
+    from lopd_core.records.chat import render_prompt_ids
 
     for task in suite.tasks("train", 8, level=1):
         messages = suite.make_env(task).reset(task)

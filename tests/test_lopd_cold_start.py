@@ -8,7 +8,7 @@ import torch
 from lopd_core.algorithms.cold_start import ColdStart, ColdStartExample, batches, cold_start_examples
 from lopd_core.algorithms.synthetic import experience_of, make_trajectory
 from lopd_core.config import load_config
-from lopd_core.memory.base import InMemoryRetriever
+from lopd_core.memory.in_memory import InMemoryRetriever
 from lopd_core.models.composer import new_composer_state
 from lopd_core.models.policy import ENCODER, STUDENT, build_policy_set
 

@@ -14,7 +14,7 @@ import sys
 from test_memory_support import make_trajectory
 from typer.testing import CliRunner
 
-from lopd_core.cli import app
+from lopd_cli.main import app
 
 
 def last_json(stdout: str) -> dict:
@@ -29,7 +29,7 @@ def test_memory_commands_end_to_end(tmp_path, monkeypatch):
     jsonl.write_text("".join(t.to_json() + "\n" for t in trajs) + "{broken\n" + json.dumps({"task_id": "x"}) + "\n")
 
     strict = subprocess.run(
-        [sys.executable, "-m", "lopd_core.cli", "memory", "ingest", str(jsonl), "--profile", "smoke",
+        [sys.executable, "-m", "lopd_cli", "memory", "ingest", str(jsonl), "--profile", "smoke",
          "--set", "curation.max_bad_row_fraction=0.1"],
         capture_output=True, text=True, env={**os.environ, "LOPD_HOME": str(home)}, timeout=300)
     assert strict.returncode == 1 and "curation.max_bad_row_fraction" in strict.stderr  # 2 of 12 bad > 10%

@@ -8,8 +8,9 @@ import pytest
 from test_memory_support import make_trajectory
 
 from data_contracts import SCHEMA_VERSION, StageQualityError
-from lopd_core.memory.base import RetrievalQuery, Retriever
-from lopd_core.memory.embedder import CONTENT_DIM, make_embedder
+from lopd_core.records.experience import RetrievalQuery, Retriever
+from lopd_core.memory.embedder import make_embedder
+from lopd_core.records.experience import CONTENT_DIM
 from lopd_core.memory.indexing import index_store
 from lopd_core.memory.retriever import VECTOR_INDEX, leakage_filter
 from lopd_core.memory.store import ExperienceStore, store_status
@@ -240,8 +241,8 @@ def test_a_real_tiny_model_episode_round_trips_through_the_store(tiny_model, tin
     """Token ids, mask and log-probs from a real (tiny, random) model survive LanceDB exactly."""
     import torch
 
-    from lopd_core.rollout.chat import render_prompt_ids
-    from lopd_core.rollout.trajectory import Trajectory
+    from lopd_core.records.chat import render_prompt_ids
+    from lopd_core.records.trajectory import Trajectory
 
     messages = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Say hi."}]
     prompt = render_prompt_ids(tiny_tokenizer, messages)

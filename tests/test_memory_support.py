@@ -6,7 +6,7 @@ log-probs 0 outside the assistant mask); the tests that need a real rollout use 
 
 from __future__ import annotations
 
-from lopd_core.rollout.trajectory import Trajectory
+from lopd_core.records.trajectory import Trajectory
 
 
 def make_trajectory(i: int, *, task_id: str | None = None, family: str = "shop", suite: str = "toolworld",

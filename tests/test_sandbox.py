@@ -187,15 +187,15 @@ def test_bad_input_is_a_clear_error(tmp_path):
 def test_cli_sandbox_run_prints_the_verdict(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text("import time\nwhile True:\n    time.sleep(0.1)\n")
-    done = subprocess.run([sys.executable, "-m", "lopd_core.cli", "sandbox", "run", str(script), "--timeout", "1",
+    done = subprocess.run([sys.executable, "-m", "lopd_cli", "sandbox", "run", str(script), "--timeout", "1",
                            "--memory-mb", "128", "--json"], capture_output=True, text=True, timeout=60)
     verdict = json.loads(done.stdout.strip().splitlines()[-1])
     assert verdict["status"] == "timeout" and done.returncode == 1
     script.write_text("print('fine')\n")
-    done = subprocess.run([sys.executable, "-m", "lopd_core.cli", "sandbox", "run", str(script), "--json"],
+    done = subprocess.run([sys.executable, "-m", "lopd_cli", "sandbox", "run", str(script), "--json"],
                           capture_output=True, text=True, timeout=60)
     verdict = json.loads(done.stdout.strip().splitlines()[-1])
     assert (verdict["status"], verdict["stdout"], done.returncode) == ("ok", "fine\n", 0)
-    done = subprocess.run([sys.executable, "-m", "lopd_core.cli", "sandbox", "run", str(tmp_path / "nope.py")],
+    done = subprocess.run([sys.executable, "-m", "lopd_cli", "sandbox", "run", str(tmp_path / "nope.py")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no such file" in done.stderr

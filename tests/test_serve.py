@@ -65,7 +65,7 @@ def test_serve_runs_a_scheduled_cycle_and_a_manual_backfill(tmp_path, models_dir
     try:
         _wait(lambda: _health(port), 120, "the Prefect server", [server])
         serve = subprocess.Popen(
-            [sys.executable, "-m", "lopd_core.cli", "serve", "--profile", "smoke",
+            [sys.executable, "-m", "lopd_cli", "serve", "--profile", "smoke",
              "--set", f"workspace.models_dir={models_dir}", "--set", "cycle.schedule_interval_minutes=1"],
             env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "serve.log", "w"), start_new_session=True)
         states = _wait(lambda: [s for s in _flow_runs(env, "lopd-cycle") if s == "COMPLETED"], 900,

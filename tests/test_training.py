@@ -14,7 +14,7 @@ from lopd_core.algorithms.synthetic import experience_of, make_trajectory
 from lopd_core.checkpoint import list_checkpoints, read_checkpoint
 from lopd_core.config import load_config
 from lopd_core.envs import get_suite
-from lopd_core.memory.base import InMemoryRetriever
+from lopd_core.memory.in_memory import InMemoryRetriever
 from lopd_core.metrics import JsonlLogger
 from lopd_core.training import cold_start, train
 

@@ -10,7 +10,7 @@ import sys
 
 def lopd(*args, home, models_dir):
     env = {**os.environ, "LOPD_HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "lopd_core.cli", *args, "--set", f"workspace.models_dir={models_dir}"],
+    return subprocess.run([sys.executable, "-m", "lopd_cli", *args, "--set", f"workspace.models_dir={models_dir}"],
                           capture_output=True, text=True, env=env, timeout=600)
 
 

@@ -10,6 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from lopd_core.algorithms.base import Algorithm, StepInputs, skipped_metrics, usable_rollouts
+from lopd_core.algorithms.grpo import GRPO
+from lopd_core.algorithms.lopd import LOPD
+from lopd_core.algorithms.opsd import OPSD
+from lopd_core.algorithms.sdpo import SDPO
+from lopd_core.algorithms.skill_sd import SkillSD
 
 
 class NoUpdate:
@@ -36,24 +41,14 @@ class NoUpdate:
 def make_algorithm(cfg, policies, *, composer=None, engine=None) -> Algorithm:
     """The method ``cfg.method`` (``cfg`` is the ``distill`` section) on these models."""
     if cfg.method == "lopd":
-        from lopd_core.algorithms.lopd import LOPD
-
         return LOPD(cfg, policies, composer)
     if cfg.method == "grpo":
-        from lopd_core.algorithms.grpo import GRPO
-
         return GRPO(cfg, policies)
     if cfg.method == "opsd":
-        from lopd_core.algorithms.opsd import OPSD
-
         return OPSD(cfg, policies)
     if cfg.method == "sdpo":
-        from lopd_core.algorithms.sdpo import SDPO
-
         return SDPO(cfg, policies)
     if cfg.method == "skill_sd":
-        from lopd_core.algorithms.skill_sd import SkillSD
-
         return SkillSD(cfg, policies, engine=engine)
     if cfg.method == "none":
         return NoUpdate(cfg, policies)

@@ -28,9 +28,9 @@ from torch import Tensor
 
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch
 from lopd_core.envs.base import Task
-from lopd_core.memory.base import Experience, Retriever
 from lopd_core.models.policy import PolicySet, hidden_states, logprobs_at
-from lopd_core.rollout.trajectory import Trajectory
+from lopd_core.records.experience import Experience, Retriever
+from lopd_core.records.trajectory import Trajectory
 
 
 @dataclass

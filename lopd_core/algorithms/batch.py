@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from lopd_core.models.latent import TeacherPrompt
-from lopd_core.rollout.trajectory import Trajectory
+from lopd_core.records.trajectory import Trajectory
 
 
 @dataclass

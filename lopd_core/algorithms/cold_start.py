@@ -26,11 +26,12 @@ import torch
 from lopd_core.algorithms.base import Timer, gather_tokens
 from lopd_core.algorithms.batch import teacher_batch
 from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prefix
-from lopd_core.memory.base import Experience, RetrievalQuery, Retriever
 from lopd_core.models.composer import ComposerPair, ComposerState
 from lopd_core.models.latent import latent_prompt
 from lopd_core.models.policy import ENCODER, PolicySet
-from lopd_core.rollout.trajectory import Trajectory
+from lopd_core.records.chat import encode, end_of_turn_ids, render_prompt_ids, turn_suffix_ids
+from lopd_core.records.experience import Experience, RetrievalQuery, Retriever
+from lopd_core.records.trajectory import Trajectory
 
 
 @dataclass
@@ -155,7 +156,6 @@ def trajectory_from_experience(tokenizer, experience: Experience) -> Trajectory:
     Only for experiences without their sampled ids: the assistant text is re-tokenised, so the ids may differ
     from what the policy sampled (observation-lite tool responses are shortened, too).
     """
-    from lopd_core.rollout.chat import encode, end_of_turn_ids, render_prompt_ids, turn_suffix_ids
 
     messages = [{**m, "content": m.get("content") or ""} for m in experience.messages]
     first_assistant = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)

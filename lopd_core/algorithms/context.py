@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Literal
 
 from lopd_core.envs.base import Task
-from lopd_core.memory.base import RetrievalQuery, Retriever
 from lopd_core.models.composer import experience_trajectory_text
-from lopd_core.rollout.chat import encode, render_text
-from lopd_core.rollout.trajectory import Trajectory
+from lopd_core.records.chat import encode, render_text
+from lopd_core.records.experience import RetrievalQuery, Retriever
+from lopd_core.records.trajectory import Trajectory
 
 ReferenceSource = Literal["bank", "oracle", "none"]
 SDPO_FRAMING_BEFORE = "Privileged information about this task (for scoring only):\n"

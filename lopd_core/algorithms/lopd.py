@@ -47,7 +47,6 @@ from lopd_core.algorithms.base import (
     usable_rollouts,
 )
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch, to_padded
-from lopd_core.memory.base import Experience
 from lopd_core.models.composer import (
     ComposerPair,
     ComposerState,
@@ -57,8 +56,9 @@ from lopd_core.models.composer import (
 )
 from lopd_core.models.latent import TEXT_SEPARATOR, inject_latents, latent_prompt, text_context_prompt
 from lopd_core.models.policy import ENCODER, PolicySet, causal_lm_parts, hidden_states, logprobs_at
-from lopd_core.rollout.chat import encode
-from lopd_core.rollout.trajectory import Trajectory
+from lopd_core.records.chat import encode
+from lopd_core.records.experience import Experience
+from lopd_core.records.trajectory import Trajectory
 
 
 def _scalar(value: Tensor) -> float:

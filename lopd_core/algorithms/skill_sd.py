@@ -45,11 +45,12 @@ from lopd_core.algorithms.base import (
 from lopd_core.algorithms.batch import to_padded
 from lopd_core.algorithms.context import truncate_tokens
 from lopd_core.algorithms.grpo import group_advantages
-from lopd_core.memory.base import Experience
 from lopd_core.models.composer import experience_trajectory_text
 from lopd_core.models.latent import TeacherPrompt, text_context_prompt
 from lopd_core.models.policy import STUDENT, hidden_states, logprobs_at
-from lopd_core.rollout.chat import end_of_turn_ids, render_prompt_ids
+from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids
+from lopd_core.records.experience import Experience
+from lopd_core.rollout.engines.base import SamplingParams
 
 SKILL_FRAMING_BEFORE = "A skill that worked on a similar, already solved task:\n"
 SKILL_FRAMING_AFTER = "\n\nNow the task:\n"
@@ -135,8 +136,6 @@ class SkillSD:
         self.bank = SkillBank()
 
     def _policy_skills(self, experiences: list[Experience]) -> list[str]:
-        from lopd_core.rollout.engines.base import SamplingParams
-
         tok = self.policies.tokenizer
         prompts = []
         for exp in experiences:

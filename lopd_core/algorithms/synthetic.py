@@ -1,9 +1,9 @@
 """Constructed trajectories and experiences for unit tests and benchmarks (not for training runs).
 
-What it is: :func:`make_trajectory` builds a :class:`~lopd_core.rollout.trajectory.Trajectory` the way the
+What it is: :func:`make_trajectory` builds a :class:`~lopd_core.records.trajectory.Trajectory` the way the
 agent loop does — the initial prompt rendered once with the real chat template, each assistant reply
 tokenised and closed with the end-of-turn id and marked in ``assistant_mask``, and the template text
-between turns (tool responses, next assistant header) from :func:`lopd_core.rollout.chat.turn_suffix_ids` —
+between turns (tool responses, next assistant header) from :func:`lopd_core.records.chat.turn_suffix_ids` —
 so that the alignment a teacher relies on is exercised exactly. :func:`sized_trajectory` pads the texts to
 reach given prompt / reply lengths (benchmarks on SmolLM2-135M at the demo sizes).
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 import random
 
 from lopd_core.envs.base import Task
-from lopd_core.memory.base import Experience
-from lopd_core.rollout.chat import encode, end_of_turn_ids, render_prompt_ids, turn_suffix_ids
-from lopd_core.rollout.trajectory import Trajectory
+from lopd_core.records.chat import encode, end_of_turn_ids, render_prompt_ids, turn_suffix_ids
+from lopd_core.records.experience import Experience
+from lopd_core.records.trajectory import Trajectory
 
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
           "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()

@@ -14,6 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from lopd_core.envs.base import Environment, EpisodeResult, Split, StepResult, Suite, Task
+from lopd_core.envs.bfcl import BFCLSuite
+from lopd_core.envs.codegen import CodegenSuite
+from lopd_core.envs.humaneval import HumanEvalSuite
+from lopd_core.envs.plugin import load_plugin_suite
+from lopd_core.envs.toolworld import ToolWorldSuite
 
 BUILTIN_SUITES = ("toolworld", "codegen", "humaneval", "bfcl")
 
@@ -29,24 +34,14 @@ def get_suite(name_or_path: str) -> Suite:
     if key in _CACHE:
         return _CACHE[key]
     if key == "toolworld":
-        from lopd_core.envs.toolworld import ToolWorldSuite
-
         suite: Suite = ToolWorldSuite()
     elif key == "codegen":
-        from lopd_core.envs.codegen import CodegenSuite
-
         suite = CodegenSuite()
     elif key == "humaneval":
-        from lopd_core.envs.humaneval import HumanEvalSuite
-
         suite = HumanEvalSuite()
     elif key == "bfcl":
-        from lopd_core.envs.bfcl import BFCLSuite
-
         suite = BFCLSuite()
     elif key.endswith((".yaml", ".yml")) or Path(key).exists():
-        from lopd_core.envs.plugin import load_plugin_suite
-
         suite = load_plugin_suite(Path(key))
     else:
         raise ValueError(f"unknown suite {key!r}: use one of {', '.join(BUILTIN_SUITES)} or the path of a "

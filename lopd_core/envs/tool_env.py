@@ -1,7 +1,7 @@
 """The multi-turn tool-use environment and its checklist verifier, shared by toolworld and plug-in suites.
 
 An episode: the system prompt (role and rules; the tool schemas are rendered by the chat template or
-:func:`lopd_core.rollout.chat.tools_system_prompt`), optional worked examples as real chat turns
+:func:`lopd_core.records.chat.tools_system_prompt`), optional worked examples as real chat turns
 (``prefix_messages``: small models imitate turns far better than instructions), the user's request; every
 assistant turn that contains tool calls gets one ``tool`` message with a ``<tool_response>`` per call
 (errors explained, never raised); the first turn without any call is the final answer and ends the episode.

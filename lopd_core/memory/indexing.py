@@ -30,6 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lopd_core.memory.sql import sql_in
+from lopd_core.memory.store import content_hash
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -134,7 +137,6 @@ def index_store(store: ExperienceStore, *, cycle_ids: list[str] | None = None, r
                 max_bad_fraction: float | None = None, stage: str = "index") -> IndexResult:
     """Sync ``experiences`` with ``curated`` for a scope (see the module docstring); returns what it did."""
     from data_contracts.models import ExperienceSchema, contract_columns
-    from lopd_core.memory.store import content_hash, sql_in
 
     start = time.perf_counter()
     embedder = store.embedder

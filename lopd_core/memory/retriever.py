@@ -1,11 +1,11 @@
 """Retrieval over a pinned version of the ``experiences`` table, with the leakage rules in the query.
 
-:class:`LanceRetriever` implements :class:`lopd_core.memory.base.Retriever`. It holds one table handle checked
+:class:`LanceRetriever` implements :class:`lopd_core.records.experience.Retriever`. It holds one table handle checked
 out at one version (``version=None`` pins the latest version *at open time*), so rows indexed later —
 by the same process or another — are invisible to it: a training run records ``retriever.version`` and
 sees exactly that data for its whole life.
 
-The leakage rules of :mod:`lopd_core.memory.base` become one SQL predicate (:func:`leakage_filter`) that
+The leakage rules of :mod:`lopd_core.records.experience` become one SQL predicate (:func:`leakage_filter`) that
 LanceDB applies as a **prefilter**, before the top-k: the k results are the k nearest *allowed* rows, never
 "the k nearest, minus the forbidden ones". Similarity is cosine on unit vectors; ``score = 1 - distance``.
 
@@ -24,14 +24,12 @@ re-ranking brings it to ~99.7%). Below the threshold, search is exact. Not here:
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from lopd_core.memory.base import Experience, RetrievalQuery
-
-if TYPE_CHECKING:
-    from lopd_core.memory.store import ExperienceStore
+from lopd_core.memory.sql import sql_literal
+from lopd_core.records.experience import Experience, RetrievalQuery
 
 VECTOR_INDEX = "vector_idx"
 RESULT_COLUMNS = ["experience_id", "episode_id", "task_id", "suite", "family", "instruction", "text", "messages",
@@ -46,8 +44,6 @@ SCALAR_INDICES = {"task_id": "btree", "episode_id": "btree", "step": "btree", "s
 
 def leakage_filter(query: RetrievalQuery) -> str:
     """The leakage rules as one SQL predicate over the experiences table."""
-    from lopd_core.memory.store import sql_literal
-
     parts = ["split = 'train'"]
     if query.episode_id:
         parts.append(f"episode_id != {sql_literal(query.episode_id)}")
@@ -72,25 +68,6 @@ class LanceRetriever:
         self.vector_index_type = indices.get(VECTOR_INDEX, "")
         """'' (exact search) or LanceDB's name of the ANN index, e.g. 'IVF_FLAT', 'IVF_PQ'."""
         self._stats = {"queries": 0, "hits": 0, "queries_with_hits": 0, "same_task_hits": 0, "score_sum": 0.0}
-
-    @classmethod
-    def open(cls, store: ExperienceStore, *, version: int | None = None, **options) -> LanceRetriever:
-        if not store.has_table("experiences"):
-            if version:
-                raise ValueError(f"{store.uri}: no experiences table, so version {version} cannot be pinned")
-            return cls(None, embedder=store.embedder, version=0, **options)
-        table = store.open_table("experiences", version=version)
-        if version is None:
-            table.checkout(table.version)  # freeze: later writes must not leak into this retriever
-        embedder = store.embedder
-        first = table.search().select(["embedder"]).limit(1).to_list()
-        if first and first[0]["embedder"] != embedder.name:
-            raise ValueError(
-                f"the experiences table (version {table.version}) was embedded with '{first[0]['embedder']}', "
-                f"but index.embedder is '{store.embedder_name}' ({embedder.name}); set index.embedder to match, "
-                "or rebuild the table with `lopd memory index --rebuild`"
-            )
-        return cls(table, embedder=embedder, version=table.version, **options)
 
     # ---------------------------------------------------------------------------------------------
     def search_vector(self, vector: np.ndarray, *, k: int, where: str | None = None) -> list[Experience]:
@@ -174,7 +151,7 @@ def _index_config(kind: str, *, rows: int, dim: int):
     raise ValueError(f"vector index type '{kind}' is not one of ivf_pq, ivf_flat, ivf_hnsw_sq")
 
 
-def ensure_vector_index(store: ExperienceStore, *, min_rows: int, index_type: str = "auto") -> dict[str, Any]:
+def ensure_vector_index(table, *, min_rows: int, index_type: str = "auto") -> dict[str, Any]:
     """Build the ANN index once ``experiences`` has ``min_rows`` rows; fold new rows in when many are unindexed.
 
     ``index_type``: 'auto' = 'ivf_flat' below :data:`PQ_MIN_ROWS` rows (exact distances inside the probed
@@ -184,9 +161,8 @@ def ensure_vector_index(store: ExperienceStore, *, min_rows: int, index_type: st
     step; bitmap on split): they halve the prefilter's cost at 100k rows.
     Returns what happened (``action``: 'none' | 'created' | 'optimized'). Each action is a new table version.
     """
-    if not store.has_table("experiences"):
+    if table is None:
         return {"action": "none", "rows": 0, "reason": "no experiences table"}
-    table = store.db.open_table("experiences")
     rows = table.count_rows()
     if rows < min_rows:
         return {"action": "none", "rows": rows, "reason": f"below index.vector_index_min_rows={min_rows}"}

@@ -33,10 +33,13 @@ import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from lopd_core.memory.embedder import make_embedder
+from lopd_core.memory.retriever import RESULT_COLUMNS, LanceRetriever, ensure_vector_index
+from lopd_core.memory.sql import sql_in
+from lopd_core.workspace import Workspace, _local_path
+
 if TYPE_CHECKING:
     import pandas as pd
-
-    from lopd_core.memory.retriever import LanceRetriever
 
 TABLES = ("trajectories", "curated", "experiences", "evaluations", "quarantine")
 ROW_HASH = "row_hash"
@@ -64,14 +67,6 @@ class WriteResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "changed": self.changed}
-
-
-def sql_literal(value: str) -> str:
-    return "'" + str(value).replace("'", "''") + "'"
-
-
-def sql_in(column: str, values) -> str:
-    return f"{column} IN ({', '.join(sql_literal(v) for v in values)})"
 
 
 def _canonical(value: Any) -> Any:
@@ -132,8 +127,6 @@ class ExperienceStore:
     @classmethod
     def from_config(cls, cfg) -> ExperienceStore:
         """A store at ``cfg.workspace``'s LanceDB URI with the ``index``/``curation`` settings of ``cfg``."""
-        from lopd_core.workspace import Workspace
-
         ws = Workspace.from_config(cfg.workspace).ensure()
         return cls(ws.lance_uri, embedder=cfg.index.embedder, embed_field=cfg.index.embed_field,
                    vector_index_min_rows=cfg.index.vector_index_min_rows,
@@ -153,8 +146,6 @@ class ExperienceStore:
 
     @property
     def embedder(self):
-        from lopd_core.memory.embedder import make_embedder
-
         return make_embedder(self.embedder_name, device=self.device)
 
     def table_names(self) -> list[str]:
@@ -320,9 +311,8 @@ class ExperienceStore:
         return frame_to_trajectories(self.read("trajectories", where=where, version=version))
 
     def read_experiences(self, *, where: str | None = None, version: int | None = None) -> list:
-        """The ``experiences`` rows as :class:`~lopd_core.memory.base.Experience` records (no vectors)."""
+        """The ``experiences`` rows as :class:`~lopd_core.records.experience.Experience` records (no vectors)."""
         from data_contracts.convert import frame_to_experiences
-        from lopd_core.memory.retriever import RESULT_COLUMNS
 
         columns = [c for c in RESULT_COLUMNS if c != "_distance"]
         return frame_to_experiences(self.read("experiences", where=where, columns=columns, version=version))
@@ -334,16 +324,33 @@ class ExperienceStore:
 
     # ---------------------------------------------------------------------------------------------
     def ensure_vector_index(self, *, min_rows: int | None = None, index_type: str = "auto") -> dict[str, Any]:
-        from lopd_core.memory.retriever import ensure_vector_index
-
-        return ensure_vector_index(self, min_rows=self.vector_index_min_rows if min_rows is None else min_rows,
+        """Build or refresh the ANN index of ``experiences`` (see :func:`lopd_core.memory.retriever.ensure_vector_index`)."""
+        table = self.db.open_table("experiences") if self.has_table("experiences") else None
+        return ensure_vector_index(table, min_rows=self.vector_index_min_rows if min_rows is None else min_rows,
                                    index_type=index_type)
 
     def retriever(self, *, version: int | None = None, **search_options) -> LanceRetriever:
-        """A :class:`~lopd_core.memory.base.Retriever` over ``experiences`` pinned at ``version`` (None = latest now)."""
-        from lopd_core.memory.retriever import LanceRetriever
+        """A :class:`~lopd_core.records.experience.Retriever` over ``experiences`` pinned at ``version`` (None = latest now).
 
-        return LanceRetriever.open(self, version=version, **search_options)
+        The table is checked out at that version, so rows indexed later — by this process or another — are
+        invisible to the retriever; a table embedded with another embedder than ``index.embedder`` is refused.
+        """
+        if not self.has_table("experiences"):
+            if version:
+                raise ValueError(f"{self.uri}: no experiences table, so version {version} cannot be pinned")
+            return LanceRetriever(None, embedder=self.embedder, version=0, **search_options)
+        table = self.open_table("experiences", version=version)
+        if version is None:
+            table.checkout(table.version)  # freeze: later writes must not leak into this retriever
+        embedder = self.embedder
+        first = table.search().select(["embedder"]).limit(1).to_list()
+        if first and first[0]["embedder"] != embedder.name:
+            raise ValueError(
+                f"the experiences table (version {table.version}) was embedded with '{first[0]['embedder']}', "
+                f"but index.embedder is '{self.embedder_name}' ({embedder.name}); set index.embedder to match, "
+                "or rebuild the table with `lopd memory index --rebuild`"
+            )
+        return LanceRetriever(table, embedder=embedder, version=table.version, **search_options)
 
     def status(self) -> dict[str, Any]:
         tables = {}
@@ -373,8 +380,6 @@ class ExperienceStore:
 
 def store_status(uri: str) -> dict[str, Any]:
     """Counts, versions and indices of every table, for ``lopd status``; never raises for a missing store."""
-    from lopd_core.workspace import _local_path
-
     local = _local_path(str(uri))
     if local is not None and not local.exists():
         return {"uri": str(uri), "available": False, "reason": "no LanceDB directory yet (nothing stored)"}

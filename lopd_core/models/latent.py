@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lopd_core.rollout.chat import SENTINEL, encode, render_text
+from lopd_core.records.chat import SENTINEL, encode, render_text
 
 LATENT_FRAMING_BEFORE = "Here is a reference of how a different, already solved task was handled:\n"
 LATENT_FRAMING_AFTER = "\nNow solve your task from scratch.\n\nYour task:\n"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from lopd_core.models.tiny import ensure_tiny_model
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "tiny"
 DEFAULT_DIRNAME = "SmolLM2-135M-Instruct"
@@ -58,8 +60,6 @@ def resolve_model_path(name_or_path: str, models_dir: Path) -> Path:
             )
         return path
     if name_or_path == TINY_MODEL:
-        from lopd_core.models.tiny import ensure_tiny_model
-
         return ensure_tiny_model(models_dir / TINY_DIRNAME)
     path = Path(name_or_path).expanduser()
     if path.exists():

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lopd_core.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+
 STUDENT = "student"
 ENCODER = "encoder"
 ENCODER_PHI0 = "encoder_phi0"
@@ -290,7 +292,6 @@ def build_policy_set(model_cfg, lopd_cfg, models_dir: Path, *, device: str | Non
 
     from peft import get_peft_model
 
-    from lopd_core.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 
     path = resolve_model_path(model_cfg.base, models_dir)
     tokenizer = load_tokenizer(path)

@@ -12,6 +12,8 @@ import shutil
 import uuid
 from pathlib import Path
 
+from lopd_core.models.gguf import load_gguf_tokenizer
+
 TINY_CONFIG = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -47,8 +49,6 @@ def ensure_tiny_model(path: Path, *, seed: int = 0) -> Path:
     """Create the tiny model folder once (atomic rename, safe with concurrent test processes)."""
     if (path / "config.json").exists():
         return path
-    from lopd_core.models.default import load_gguf_tokenizer
-
     tokenizer = load_gguf_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed)
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.partial")

@@ -6,7 +6,7 @@ steps on its assistant text. An episode ends when its environment says ``done`` 
 reaches ``max_turns`` assistant turns or the ``max_trajectory_tokens`` cap (status ``truncated``), or when
 its environment raises (status ``error``: reward 0, the message kept, the rest of the batch unaffected).
 
-Token alignment (see :mod:`lopd_core.rollout.trajectory` and :mod:`lopd_core.rollout.chat`):
+Token alignment (see :mod:`lopd_core.records.trajectory` and :mod:`lopd_core.records.chat`):
 
 - ``token_ids[:prompt_len]`` is the initial prompt rendered once by the chat template;
 - every assistant turn contributes the engine's ids *verbatim* (mask 1, the engine's log-probs), cut to
@@ -34,9 +34,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lopd_core.rollout.chat import end_of_turn_ids, render_prompt_ids, turn_suffix_ids
+from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids, turn_suffix_ids
+from lopd_core.records.trajectory import Trajectory
 from lopd_core.rollout.engines.base import Engine, SamplingParams
-from lopd_core.rollout.trajectory import Trajectory
 
 MIN_TURN_TOKENS = 8
 """A new turn starts only when at least this many tokens fit under the trajectory cap."""

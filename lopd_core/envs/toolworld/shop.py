@@ -8,7 +8,7 @@ from typing import Any
 from lopd_core.envs.base import Split
 from lopd_core.envs.tool_env import AnswerItem
 from lopd_core.envs.tools import ToolFailure
-from lopd_core.envs.toolworld import (
+from lopd_core.envs.toolworld.domain import (
     PEOPLE,
     PRODUCTS,
     Blueprint,

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from lopd_core.envs.base import Split
 from lopd_core.envs.tool_env import AnswerItem
 from lopd_core.envs.tools import ToolFailure
-from lopd_core.envs.toolworld import CITIES, Blueprint, Domain, Shot, phrase, pick, system_prompt
+from lopd_core.envs.toolworld.domain import CITIES, Blueprint, Domain, Shot, phrase, pick, system_prompt
 
 CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "foggy", "snowy"]
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lopd_core.models.loading import load_causal_lm, load_tokenizer
 from lopd_core.rollout.engines.base import Engine, Generation, SamplingParams
+from lopd_core.rollout.engines.hf import HFEngine
+from lopd_core.rollout.engines.vllm import VLLMEngine, _is_peft
 
 ENGINES = ("hf", "vllm")
 
@@ -29,19 +32,14 @@ def make_engine(name: str, model: Any = None, tokenizer: Any = None, *, batch_si
     engine class (e.g. ``policy_sync``, ``max_model_len``, ``enable_prompt_embeds`` for vllm).
     """
     if name == "hf":
-        from lopd_core.rollout.engines.hf import HFEngine
-
         if model is None or tokenizer is None:
             if model_path is None:
                 raise ValueError("the hf engine needs a model and tokenizer, or a model_path to load them from")
-            from lopd_core.models.loading import load_causal_lm, load_tokenizer
 
             model = model if model is not None else load_causal_lm(model_path, dtype=dtype, device=device)
             tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
         return HFEngine(model, tokenizer, batch_size=batch_size, policy_version=policy_version, **engine_kwargs)
     if name == "vllm":
-        from lopd_core.rollout.engines.vllm import VLLMEngine, _is_peft
-
         if model_path is None and model is not None:  # the folder the (base of the) student was loaded from
             base = model.get_base_model() if _is_peft(model) else model
             candidate = getattr(base, "name_or_path", "") or ""

@@ -1,7 +1,7 @@
 """The engine interface: token ids in, sampled token ids and their sampling log-probs out.
 
 Engines work on token ids, never on text, so that the trajectory the trainer sees is exactly what was
-sampled (see :mod:`lopd_core.rollout.trajectory`). Chat rendering and tool parsing live in the agent
+sampled (see :mod:`lopd_core.records.trajectory`). Chat rendering and tool parsing live in the agent
 loop, not here.
 """
 

@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
+from lopd_cli.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
 
 memory_app = typer.Typer(no_args_is_help=True, help="The LanceDB experience store: curate, index, search.")
 
@@ -159,7 +159,7 @@ def search(
     as_json: JsonFlag = False,
 ):
     """Search the experiences table with the leakage rules applied."""
-    from lopd_core.memory.base import RetrievalQuery
+    from lopd_core.records.experience import RetrievalQuery
 
     cfg, store = _store(profile, set_)
     retriever = _quality_guard(lambda: store.retriever(version=version))

@@ -1,21 +1,25 @@
-"""The retriever interface the training step uses, and a small in-memory implementation for unit tests.
+"""The experience record, the retrieval query and the retriever interface every bank implements.
 
-The LanceDB store (:mod:`lopd_core.memory.store`) implements the same :class:`Retriever` protocol with a
-pinned table version. Leakage rules every implementation applies (lopd-method.md):
+An :class:`Experience` is a successful training-split episode as the experience bank keeps it
+(observation-lite: long tool observations shortened). A :class:`Retriever` returns the top-k experiences
+for a :class:`RetrievalQuery` under the leakage rules, which :func:`allowed` states once:
 
-- never the current episode (``exclude_episode_id``);
+- never the current episode (``episode_id``);
 - not the same task id when ``exclude_same_task`` (the default);
 - only experiences created before ``before_step`` (when given);
-- train split only (the store never holds test-split experiences; the in-memory one checks too).
+- train split only.
+
+The LanceDB retriever (:mod:`lopd_core.memory.retriever`) turns the same rules into a SQL prefilter; the
+in-memory one (:mod:`lopd_core.memory.in_memory`) applies :func:`allowed`. Plain Python: every layer imports it.
 """
 
 from __future__ import annotations
 
-import math
-import re
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+CONTENT_DIM = 256
+"""Dimension of the near-duplicate ``content_vector`` stored with curated rows and experiences."""
 
 
 @dataclass
@@ -62,36 +66,3 @@ def allowed(exp: Experience, query: RetrievalQuery) -> bool:
     if query.exclude_same_task and exp.task_id == query.task_id:
         return False
     return query.before_step is None or exp.step < query.before_step
-
-
-def _bag(text: str) -> Counter:
-    return Counter(re.findall(r"[a-z0-9]+", text.lower()))
-
-
-def _cosine(a: Counter, b: Counter) -> float:
-    num = sum(a[t] * b[t] for t in a.keys() & b.keys())
-    den = math.sqrt(sum(v * v for v in a.values())) * math.sqrt(sum(v * v for v in b.values()))
-    return num / den if den else 0.0
-
-
-class InMemoryRetriever:
-    """Bag-of-words cosine over a list of experiences. For unit tests and tiny experiments only."""
-
-    def __init__(self, experiences: list[Experience] | None = None):
-        self.experiences: list[Experience] = list(experiences or [])
-
-    def add(self, exp: Experience) -> None:
-        self.experiences.append(exp)
-
-    def retrieve(self, query: RetrievalQuery, k: int) -> list[Experience]:
-        q = _bag(query.instruction)
-        scored = []
-        for exp in self.experiences:
-            if allowed(exp, query):
-                scored.append((_cosine(q, _bag(exp.instruction)), exp))
-        scored.sort(key=lambda pair: -pair[0])
-        out = []
-        for score, exp in scored[:k]:
-            hit = Experience(**{**exp.__dict__, "score": score})
-            out.append(hit)
-        return out

@@ -12,20 +12,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, log, out
+from lopd_cli.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, log, out
 
 
 def _prefect(profile: str, overrides: list[str] | None):
     """Config + Prefect pointed at the workspace (must happen before a flow runs)."""
-    import os
+    cfg = load(profile, overrides)  # a bad config exits here with the field named
+    from flows.common import prefect_environment
 
-    cfg = load(profile, overrides)
-    from lopd_core.workspace import Workspace
-
-    ws = Workspace.from_config(cfg.workspace).ensure()
-    for key, value in ws.prefect_env().items():
-        os.environ.setdefault(key, value)
-    return cfg, ws
+    return cfg, prefect_environment(profile, overrides)
 
 
 def _ui_hints(ws) -> list[str]:

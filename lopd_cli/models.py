@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from lopd_core.commands.common import (
+from lopd_cli.common import (
     JsonFlag,
     Overrides,
     Profile,

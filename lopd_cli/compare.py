@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from lopd_core.commands.common import (
+from lopd_cli.common import (
     JsonFlag,
     Overrides,
     Profile,

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from lopd_core.commands.common import JsonFlag, emit_json, err, fail, out
+from lopd_cli.common import JsonFlag, emit_json, err, fail, out
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run model-generated code in the sandbox.")
 

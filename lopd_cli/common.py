@@ -48,7 +48,3 @@ def emit_json(payload: dict[str, Any]) -> None:
 def fail(message: str, code: int = 1) -> None:
     err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     raise typer.Exit(code)
-
-
-def not_built(command: str) -> None:
-    fail(f"`lopd {command}` is not built yet in this version of lopd.", code=3)

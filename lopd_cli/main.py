@@ -1,4 +1,4 @@
-"""The ``lopd`` command line, assembled from :mod:`lopd_core.commands`.
+"""The ``lopd`` command line, assembled from the modules of :mod:`lopd_cli`.
 
 Every command takes ``--profile`` (a shipped profile name or a YAML path) and repeated
 ``--set section.field=value`` overrides. Commands that summarise take ``--json`` and then print exactly one
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from lopd_core.commands import compare, memory, models, pipeline, rollout, sandbox, train
+from lopd_cli import compare, memory, models, pipeline, rollout, sandbox, train
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="LOPD: continual learning for LLM agents.")
 app.add_typer(models.models_app, name="models")

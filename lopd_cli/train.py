@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
+from lopd_cli.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
 
 
 def _config(profile, set_, *, suite, steps, method):
@@ -47,7 +47,7 @@ def _store_retriever(cfg):
 
 def _seed_bank(cfg, policies, suite):
     """Base-model rollouts on training tasks → an in-memory bank of the successful ones."""
-    from lopd_core.memory.base import InMemoryRetriever
+    from lopd_core.memory.in_memory import InMemoryRetriever
     from lopd_core.rollout.agent import run_episodes
     from lopd_core.rollout.engines.base import SamplingParams
     from lopd_core.training import _make_engine, experiences_from_trajectories

@@ -3,7 +3,7 @@
 Every option overrides the matching config field (``--suite`` → ``rollout.suite``, ``--model`` →
 ``model.base``, ``--n`` → ``rollout.n_tasks``, ``--engine`` → ``rollout.engine``, ``--level`` →
 ``rollout.level``, ``--seed`` → ``rollout.seed``), so ``--profile``/``--set`` and the options compose. The
-trajectories are the exact records the trainer consumes (:class:`lopd_core.rollout.trajectory.Trajectory`);
+trajectories are the exact records the trainer consumes (:class:`lopd_core.records.trajectory.Trajectory`);
 ``--out DIR`` writes them as JSONL plus a summary JSON, under a new file name each run (nothing is
 overwritten). Sampling uses the rollout config (temperature, top-p, top-k, max new tokens, seed).
 """
@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from lopd_core.commands.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
+from lopd_cli.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
 
 
 def _config(profile, set_, **fields):
