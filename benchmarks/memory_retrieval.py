@@ -59,8 +59,8 @@ def build_table(store, n: int, *, centers: np.ndarray, seed: int, batch: int = 2
     import pyarrow as pa
 
     from data_contracts.models import SCHEMA_VERSION
-    from lopd_core.records.experience import CONTENT_DIM
     from lopd_core.memory.store import arrow_schema
+    from lopd_core.records.experience import CONTENT_DIM
 
     rng = np.random.default_rng(seed)
     schema = arrow_schema("experiences", vector_dim=DIM)
@@ -101,9 +101,9 @@ def _median_runs(runs: list[dict]) -> dict:
 
 
 def bench_retrieval(n: int, *, n_queries: int, repeats: int, seed: int = 0, index_type: str = "auto") -> dict:
-    from lopd_core.records.experience import RetrievalQuery
     from lopd_core.memory.retriever import leakage_filter
     from lopd_core.memory.store import ExperienceStore
+    from lopd_core.records.experience import RetrievalQuery
 
     with tempfile.TemporaryDirectory(prefix="lopd-bench-") as tmp:
         store = ExperienceStore(str(Path(tmp) / "lance"), embedder="hash", vector_index_min_rows=5000)

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from lopd_core.envs import get_suite
-from lopd_core.rollout.agent import run_episodes, summarize_trajectories
 from lopd_core.records.chat import encode, render_text
+from lopd_core.rollout.agent import run_episodes, summarize_trajectories
 from lopd_core.rollout.engines.base import Generation, SamplingParams
 from lopd_core.rollout.engines.hf import HFEngine
 

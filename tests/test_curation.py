@@ -8,10 +8,10 @@ import pytest
 from test_memory_support import make_trajectory
 
 from data_contracts import ExperienceSchema, trajectories_to_frame, validate_frame
-from lopd_core.records.experience import RetrievalQuery
 from lopd_core.memory.curation import curate_frame, curate_store, lite_messages, suite_kind
 from lopd_core.memory.indexing import index_store
 from lopd_core.memory.store import ExperienceStore
+from lopd_core.records.experience import RetrievalQuery
 
 RULES = dict(success_threshold_tool=0.8, success_threshold_code=1.0, dedupe_threshold=0.97, per_task_cap=2,
              balance_families=False)

@@ -8,12 +8,11 @@ import pytest
 from test_memory_support import make_trajectory
 
 from data_contracts import SCHEMA_VERSION, StageQualityError
-from lopd_core.records.experience import RetrievalQuery, Retriever
 from lopd_core.memory.embedder import make_embedder
-from lopd_core.records.experience import CONTENT_DIM
 from lopd_core.memory.indexing import index_store
 from lopd_core.memory.retriever import VECTOR_INDEX, leakage_filter
 from lopd_core.memory.store import ExperienceStore, store_status
+from lopd_core.records.experience import CONTENT_DIM, RetrievalQuery, Retriever
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ pytest.importorskip("vllm")
 from test_agent import RecordingEngine, ScriptedSuite, _check_token_exact  # noqa: E402
 
 from lopd_core.models.tiny import build_tiny_model  # noqa: E402
-from lopd_core.rollout.agent import run_episodes  # noqa: E402
 from lopd_core.records.chat import render_prompt_ids  # noqa: E402
+from lopd_core.rollout.agent import run_episodes  # noqa: E402
 from lopd_core.rollout.engines import make_engine  # noqa: E402
 from lopd_core.rollout.engines.base import SamplingParams  # noqa: E402
 from lopd_core.rollout.engines.hf import HFEngine  # noqa: E402
