@@ -65,11 +65,16 @@ def build_cfg(args):
 def main(argv: list[str] | None = None) -> int:
     from lopd_core.compare import split_names
     from lopd_core.envs import get_suite
-    from lopd_core.evaluation import evaluate, run_suite
-    from lopd_core.memory.in_memory import InMemoryRetriever
     from lopd_core.metrics import InMemoryLogger
     from lopd_core.models.loading import DEFAULT_MODEL
-    from lopd_core.training import build_policies, cold_start, experiences_from_trajectories, train
+    from lopd_core.recipe import (
+        HeldOutCurve,
+        cold_start_composer,
+        evaluate_policy,
+        memory_bank,
+        seed_episodes,
+    )
+    from lopd_core.training import build_policies, train
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct",
@@ -121,26 +126,23 @@ def main(argv: list[str] | None = None) -> int:
     policies = build_policies(cfg, models_dir=args.models_dir)
     report["load_s"] = round(time.perf_counter() - t0, 1)
     t0 = time.perf_counter()
-    with policies.teacher() as base_model:  # the untrained base plays the seed episodes
-        seed = run_suite(base_model, policies.tokenizer, args.suite, cfg=cfg, split="train", n_tasks=args.seed_episodes,
-                         seed=0, policy_version="base", temperature=cfg.rollout.temperature, progress=True)
-    bank = InMemoryRetriever(experiences_from_trajectories(seed, cfg, kind=suite.kind))
-    report.update(seed_episodes=len(seed), bank_experiences=len(bank.experiences),
+    seed = seed_episodes(cfg, policies, suite, n=args.seed_episodes, seed=0)
+    bank = memory_bank(seed, cfg, kind=suite.kind)
+    report.update(seed_episodes=len(seed), bank_experiences=len(bank.successes),
                   seed_s=round(time.perf_counter() - t0, 1), seed_generated_tokens=sum(t.n_generated for t in seed))
-    print(f"bank: {len(bank.experiences)} experiences from {len(seed)} base episodes")
+    print(f"bank: {len(bank.successes)} experiences from {len(seed)} base episodes")
     composer, no_bank = None, None
-    if len(bank.experiences) < 2:  # a cold-start example needs another experience to retrieve
-        no_bank = f"{len(bank.experiences)} successes in {len(seed)} base episodes: too few to cold-start a composer"
+    if len(bank.successes) < 2:  # a cold-start example needs another experience to retrieve
+        no_bank = f"{len(bank.successes)} successes in {len(seed)} base episodes: too few to cold-start a composer"
     else:
         t0 = time.perf_counter()
-        cs = cold_start(cfg, retriever=bank, out_dir=work / "cold_start", trajectories=seed, policies=policies,
-                        models_dir=args.models_dir, success_threshold=cfg.curation.success_threshold(suite.kind))
+        cs = cold_start_composer(cfg, bank, suite_name=args.suite, out_dir=work / "cold_start", policies=policies,
+                                 models_dir=args.models_dir)
         composer = cs.composer_dir
         report["cold_start"] = {"steps": cs.steps, "examples": cs.examples, "nll_first": cs.nll_first,
                                 "nll_last": cs.nll_last, "seconds": round(time.perf_counter() - t0, 1)}
     t0 = time.perf_counter()
-    base = evaluate(policies.teacher, policies.tokenizer, cfg=cfg, suite_name=args.suite, policy_version="base",
-                    with_probe=False).metrics
+    base = evaluate_policy(cfg, policies, args.suite, label="base", weights="base").metrics
     report.update(base_success=base["eval/success_rate"], base_reward=base["eval/mean_reward"],
                   base_eval_s=round(time.perf_counter() - t0, 1))
     del policies
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- every method from the same base, the same budget, the same held-out tasks ------------------------------
     for method in split_names(args.methods):
-        if (method == "lopd" and no_bank) or (method == "opsd" and not bank.experiences):
+        if (method == "lopd" and no_bank) or (method == "opsd" and not bank.successes):
             report["results"].append({"method": method, "skipped": no_bank or "no successful base episode"})
             save()
             continue
@@ -156,37 +158,22 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         fresh = build_policies(mcfg, models_dir=args.models_dir)
         curve = [{"episodes": 0, "success_rate": base["eval/success_rate"], "mean_reward": base["eval/mean_reward"]}]
-        eval_s = [0.0]
-
-        def on_step(step, metrics, trajectories, fresh=fresh, mcfg=mcfg, curve=curve, eval_s=eval_s, method=method):
-            n = step + 1
-            if n == mcfg.distill.steps or not args.eval_every or n % args.eval_every:
-                return
-            e0 = time.perf_counter()
-            ev = evaluate(fresh.student, fresh.tokenizer, cfg=mcfg, suite_name=args.suite, policy_version=f"{method}/{n}",
-                          with_probe=False).metrics
-            eval_s[0] += time.perf_counter() - e0
-            curve.append({"episodes": int(metrics["budget/episodes"]), "success_rate": ev["eval/success_rate"],
-                          "mean_reward": ev["eval/mean_reward"]})
-
-        result = train(mcfg, suite=suite, retriever=bank if method in ("lopd", "opsd") else None,
+        # every --eval-every steps and at the end (the curve hook evaluates the last step too)
+        held_out = HeldOutCurve(mcfg, fresh, args.suite, every=args.eval_every or mcfg.distill.steps, label=method)
+        result = train(mcfg, suite=suite, bank=bank if method in ("lopd", "opsd") else None,
                        run_dir=work / method, composer_init=composer if method == "lopd" else None,
                        logger=InMemoryLogger(), policies=fresh, progress=True, models_dir=args.models_dir,
-                       on_step=on_step)
-        e0 = time.perf_counter()
-        ev = evaluate(fresh.student, fresh.tokenizer, cfg=mcfg, suite_name=args.suite, policy_version=method,
-                      with_probe=False).metrics
-        eval_s[0] += time.perf_counter() - e0
-        episodes = int(result.metrics.get("budget/episodes", 0))
-        curve.append({"episodes": episodes, "success_rate": ev["eval/success_rate"], "mean_reward": ev["eval/mean_reward"]})
+                       on_step=held_out)
+        curve += [{k: p[k] for k in ("episodes", "success_rate", "mean_reward")} for p in held_out.points]
+        final = curve[-1]
         hist = result.history
         report["results"].append({
-            "method": method, "final_success": ev["eval/success_rate"], "final_reward": ev["eval/mean_reward"],
-            "train_episodes": episodes, "curve": curve,
+            "method": method, "final_success": final["success_rate"], "final_reward": final["mean_reward"],
+            "train_episodes": int(result.metrics.get("budget/episodes", 0)), "curve": curve,
             "train_success": [round(h.get("rollout/success_rate", float("nan")), 3) for h in hist],
             "rollout_s": round(sum(h.get("rollout/wall_s", 0.0) for h in hist), 1),
             "update_s": round(sum(h.get("distill/step_s", 0.0) for h in hist), 1),
-            "eval_s": round(eval_s[0], 1), "wall_s": round(time.perf_counter() - t0, 1)})
+            "wall_s": round(time.perf_counter() - t0, 1)})
         print(report["results"][-1], flush=True)
         save()
         del fresh

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [t for t in evaluate(policies.teacher, policies.tokenizer, cfg=cfg, suite_name=suite, policy_version="base",
                                 with_probe=False).trajectories if t.status == "ok" and any(t.assistant_mask)]
     lopd = cfg.distill.lopd
-    experiences, memory = retrieve_for(comp.retriever(), rows, rows, step=0, k=lopd.n_retrieved,
+    experiences, memory = retrieve_for(comp.bank().retriever, rows, rows, step=0, k=lopd.n_retrieved,
                                        exclude_same_task=lopd.exclude_same_task, group_size=1)
     keep = [i for i, e in enumerate(experiences) if e]
     rows, experiences = [rows[i] for i in keep], [experiences[i] for i in keep]

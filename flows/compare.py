@@ -38,7 +38,7 @@ def _comparison(profile: str, overrides: list[str], params: dict[str, Any]):
 @task(name="compare-bank", retry_condition_fn=transient, retries=1, persist_result=False)
 def bank_task(profile: str, overrides: list[str], params: dict[str, Any]) -> dict:
     comp, _ = _comparison(profile, overrides, params)
-    return {"bank": comp.bank(), "base_eval": comp.base_eval()}
+    return {"bank": comp.bank_info(), "base_eval": comp.base_eval()}
 
 
 @task(name="compare-run", retry_condition_fn=transient, retries=1, persist_result=False)

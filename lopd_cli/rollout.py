@@ -85,8 +85,7 @@ def rollout(
     """Generate episodes on a task suite and print success rate, mean reward and generated tokens/s."""
     from lopd_core.envs import get_suite
     from lopd_core.models.loading import ModelNotFoundError, load_tokenizer, resolve_model_path
-    from lopd_core.rollout.agent import run_episodes, summarize_trajectories
-    from lopd_core.rollout.engines.base import SamplingParams
+    from lopd_core.rollout.agent import play, sampling_params, summarize_trajectories
 
     if split not in ("train", "test"):
         fail(f"--split must be 'train' or 'test' (got {split!r})", code=2)
@@ -110,12 +109,9 @@ def rollout(
               f"on the {r.engine} engine", highlight=False)
     engine_obj = _build_engine(cfg, model_path, tokenizer)
 
-    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-                              seed=r.seed)
+    sampling = sampling_params(r, tokenizer, seed=r.seed)  # what play() uses, recorded in the summary
     start = time.perf_counter()
-    trajectories = run_episodes(engine_obj, tokenizer, suite_obj, tasks, max_turns=r.max_turns,
-                                max_trajectory_tokens=r.max_trajectory_tokens, sampling=sampling,
-                                observation_max_chars=r.observation_max_chars, progress=True)
+    trajectories = play(r, engine_obj, tokenizer, suite_obj, tasks, seed=r.seed, progress=True)
     metrics = summarize_trajectories(trajectories, wall_s=time.perf_counter() - start)
     summary = {"suite": suite_obj.name, "split": split, "level": r.level, "engine": r.engine,
                "model": cfg.model.base, "seed": r.seed, "sampling": sampling.to_dict(), **metrics}

@@ -23,6 +23,7 @@ What it is not: the registry. Final artifacts for MLflow are written by :mod:`lo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -85,6 +86,19 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def preserved_rng():
+    """Run a block without moving the process's random streams (python, numpy, torch, CUDA).
+
+    What an evaluation inside a training run needs: the run then samples exactly what it samples without
+    the evaluation, and a resumed run what an uninterrupted one does."""
+    state = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)
 
 
 def save_checkpoint(run_dir: Path, *, step: int, policies, algorithm, cfg, cursor: int, composer=None,

@@ -23,25 +23,28 @@ already measured are kept. The report (Markdown + PNG) is written by :mod:`lopd_
 from __future__ import annotations
 
 import json
-import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
+from lopd_core.config import Config
 from lopd_core.cycle import MlflowMetricLogger
 from lopd_core.envs import get_suite
-from lopd_core.evaluation import evaluate, run_suite
-from lopd_core.memory.curation import curate_store
-from lopd_core.memory.indexing import index_store
-from lopd_core.memory.sql import sql_in
 from lopd_core.memory.store import ExperienceStore
+from lopd_core.recipe import (
+    HeldOutCurve,
+    bank_from_store,
+    bank_in_store,
+    cold_start_composer,
+    curve_point,
+    evaluate_policy,
+    seed_episodes,
+)
+from lopd_core.records.experience import Bank
 from lopd_core.registry import ModelRegistry
-from lopd_core.training import build_policies, cold_start, needs_composer, train
+from lopd_core.training import build_policies, needs_composer, train
 from lopd_core.workspace import Workspace
 
 BASELINES = ("lopd", "grpo", "opsd", "sdpo", "skill_sd", "none")
@@ -151,58 +154,41 @@ class Comparison:
     def _save_state(self, state: dict[str, Any]) -> None:
         (self.root / "shared.json").write_text(json.dumps(state, indent=2))
 
-    def bank(self) -> dict[str, Any]:
-        """Seed rollouts with the base model → curated, indexed experiences (once per suite)."""
+    def bank_info(self) -> dict[str, Any]:
+        """Seed episodes of the base model → curated, indexed experiences (built once per suite)."""
         state = self._state()
         if "bank" in state:
             return state["bank"]
-
-        cfg, r = self.cfg, self.cfg.rollout
+        cfg = self.cfg
         policies = build_policies(cfg, models_dir=self.ws.models_dir)
         started = time.perf_counter()
-        self.log(f"[bank] {r.n_tasks} base-model episodes on {self.suite_name} training tasks")
-        with policies.teacher() as base:
-            trajectories = run_suite(base, policies.tokenizer, self.suite_name, cfg=cfg, split="train",
-                                     n_tasks=r.n_tasks, seed=r.seed + 7919, policy_version="base",
-                                     temperature=r.temperature, progress=True, cycle_id="bank")
-        from dataclasses import replace
-
-        trajectories = [replace(t, trajectory_id=f"bank/{i:04d}", episode_id=f"bank/{i:04d}")
-                        for i, t in enumerate(trajectories)]
-        self.store.write_trajectories(trajectories, stage="bank", cycle_id="bank")
-        report = curate_store(self.store, cfg)
-        indexed = index_store(self.store)
-        info = {"episodes": len(trajectories), "successes": sum(t.success for t in trajectories),
-                "experiences": self.store.count("experiences"), "version": indexed.experiences_version,
-                "curated": report.n_kept, "seconds": round(time.perf_counter() - started, 1),
-                "generated_tokens": sum(t.n_generated for t in trajectories)}
+        self.log(f"[bank] {cfg.rollout.n_tasks} base-model episodes on {self.suite_name} training tasks")
+        episodes = seed_episodes(cfg, policies, _suite(self.suite_name), n=cfg.rollout.n_tasks)
+        bank = bank_in_store(self.store, cfg, episodes, stage="bank", cycle_id="bank")
+        info = {"episodes": len(episodes), "successes": sum(t.success for t in episodes),
+                "experiences": self.store.count("experiences"), "version": bank.version,
+                "curated": len(bank.successes), "seconds": round(time.perf_counter() - started, 1),
+                "generated_tokens": sum(t.n_generated for t in episodes)}
         self.log(f"[bank] {info['successes']}/{info['episodes']} successes → {info['experiences']} experiences")
         state["bank"] = info
         self._save_state(state)
         return info
 
-    def retriever(self):
-        return self.store.retriever(version=int(self.bank()["version"]))
+    def bank(self) -> Bank:
+        """The shared bank, pinned at the version it was built with."""
+        info = self.bank_info()
+        return bank_from_store(self.store, version=int(info["version"]), episodes=int(info["episodes"]))
 
-    def cold_start(self, cfg) -> Path:
+    def cold_start(self, cfg: Config) -> Path:
         """The cold-started composer for this latent shape (K), trained once on the bank."""
-
         k = cfg.distill.lopd.n_latents
         out = self.root / "cold_start" / f"k{k}"
         if (out / "lopd_composer.json").exists():
             return out
-        bank_ids = self.store.read("curated", columns=["trajectory_id"])["trajectory_id"].tolist()
-
-        successes = self.store.read_trajectories(where=sql_in("trajectory_id", bank_ids)) if bank_ids else []
-        if not successes:
-            raise RuntimeError(f"the base model solved none of the {self.bank()['episodes']} bank episodes on "
-                               f"{self.suite_name}; LOPD needs experiences (raise --seed-episodes or lower the level)")
-        kind = "code" if self.suite_name in ("codegen", "humaneval") else "tool"
-        threshold = cfg.curation.success_threshold(kind)
+        bank = self.bank()
         started = time.perf_counter()
-        self.log(f"[cold start] K={k}: {cfg.distill.lopd.cold_start.steps} steps on {len(successes)} successes")
-        result = cold_start(cfg, retriever=self.retriever(), out_dir=out, trajectories=successes,
-                            models_dir=self.ws.models_dir, success_threshold=threshold)
+        self.log(f"[cold start] K={k}: {cfg.distill.lopd.cold_start.steps} steps on {len(bank.successes)} successes")
+        result = cold_start_composer(cfg, bank, suite_name=self.suite_name, out_dir=out, models_dir=self.ws.models_dir)
         state = self._state()
         state.setdefault("cold_start", {})[f"k{k}"] = {**result.to_dict(), "seconds": round(time.perf_counter() - started, 1)}
         self._save_state(state)
@@ -213,10 +199,8 @@ class Comparison:
         state = self._state()
         if "base_eval" in state:
             return state["base_eval"]
-
         policies = build_policies(self.cfg, models_dir=self.ws.models_dir)
-        metrics = evaluate(policies.teacher, policies.tokenizer, cfg=self.cfg, suite_name=self.suite_name,
-                           policy_version="base", with_probe=False).metrics
+        metrics = evaluate_policy(self.cfg, policies, self.suite_name, label="base", weights="base").metrics
         state["base_eval"] = metrics
         self._save_state(state)
         return metrics
@@ -233,7 +217,7 @@ class Comparison:
             self.note_wall(spec, json.loads(attempt_file.read_text())["elapsed_s"])
             attempt_file.unlink()
         cfg = self.cfg.with_overrides({**spec.overrides, "distill.seed": 1000 + spec.seed})
-        bank = self.bank()
+        bank_info = self.bank_info()
         base = self.base_eval()
         uses_bank = spec.method in ("lopd", "opsd")
         composer_init = self.cold_start(cfg) if needs_composer(cfg) else None
@@ -241,49 +225,43 @@ class Comparison:
         curve_file = folder / "curve.jsonl"
         curve = [json.loads(line) for line in curve_file.read_text().splitlines()] if curve_file.exists() else []
         if not curve:
-            curve.append({"step": 0, "episodes": 0, **_pick(base)})
+            curve.append({"step": 0, "episodes": 0, **curve_point(base)})
             curve_file.write_text(json.dumps(curve[0]) + "\n")
-        done_steps = {c["step"] for c in curve}
 
-        experiment = self.registry.experiment_for(f"compare-{self.suite_name}")
-        mlflow_run = self.registry.find_run("lopd.compare_run", spec.key, experiment)
-        run_id = mlflow_run.info.run_id if mlflow_run else self.registry.client.create_run(
-            experiment, run_name=spec.key, tags={"lopd.compare_run": spec.key, "method": spec.name,
-                                                 "seed": str(spec.seed)}).info.run_id
+        run_id = self.registry.comparison_run(f"compare-{self.suite_name}", spec.key,
+                                              tags={"method": spec.name, "seed": str(spec.seed)})
         self.registry.log_metrics(run_id, {"eval/success_rate": base["eval/success_rate"]}, step=0)
         policies = build_policies(cfg, models_dir=self.ws.models_dir)
         tokens = {"generated": 0, "trajectory": 0}
+
+        def record_point(point: dict[str, Any], metrics: dict[str, float]) -> None:
+            with curve_file.open("a") as f:
+                f.write(json.dumps(point) + "\n")
+            self.registry.log_metrics(run_id, {"eval/success_rate": metrics["eval/success_rate"],
+                                               "eval/mean_reward": metrics["eval/mean_reward"]}, step=point["episodes"])
+            self.log(f"[{spec.key}] step {point['step']}/{cfg.distill.steps}: held-out success "
+                     f"{metrics['eval/success_rate']:.3f}")
+
+        held_out = HeldOutCurve(cfg, policies, self.suite_name, every=self.eval_every, label=spec.key,
+                                done_steps={c["step"] for c in curve}, on_point=record_point)
 
         def on_step(step: int, metrics: dict[str, float], trajectories) -> None:
             tokens["generated"] += sum(t.n_generated for t in trajectories)
             tokens["trajectory"] += sum(t.n_tokens for t in trajectories)
             attempt_file.write_text(json.dumps({"elapsed_s": time.perf_counter() - attempt_started}))
-            n = step + 1
-            if (n % self.eval_every and n != cfg.distill.steps) or n in done_steps:
-                return
-            with _preserved_rng():
-                ev = evaluate(policies.student, policies.tokenizer, cfg=cfg, suite_name=self.suite_name,
-                              policy_version=f"{spec.key}/step{step}", with_probe=False).metrics
-            point = {"step": n, "episodes": int(metrics["budget/episodes"]), **_pick(ev),
-                     "kl_topk": metrics.get("distill/kl_topk"), "privilege_delta": metrics.get("distill/privilege_delta"),
-                     "beta": metrics.get("distill/beta"), "train_success": metrics.get("rollout/success_rate")}
-            with curve_file.open("a") as f:
-                f.write(json.dumps(point) + "\n")
-            self.registry.log_metrics(run_id, {"eval/success_rate": ev["eval/success_rate"],
-                                               "eval/mean_reward": ev["eval/mean_reward"]}, step=point["episodes"])
-            self.log(f"[{spec.key}] step {n}/{cfg.distill.steps}: held-out success {ev['eval/success_rate']:.3f}")
+            held_out(step, metrics, trajectories)
 
         started = time.perf_counter()
-        result = train(cfg, suite=_suite(self.suite_name), retriever=self.retriever() if uses_bank else None, run_dir=folder / "train", composer_init=composer_init,
-                       logger=MlflowMetricLogger(self.registry, run_id), on_step=on_step,
-                       table_version=int(bank["version"]), policies=policies,
-                       pretraining_episodes=bank["episodes"] if uses_bank else 0, models_dir=self.ws.models_dir,
-                       progress=True)
+        bank = self.bank() if uses_bank else None
+        result = train(cfg, suite=_suite(self.suite_name), bank=bank, run_dir=folder / "train", composer_init=composer_init,
+                       logger=MlflowMetricLogger(self.registry, run_id), on_step=on_step, policies=policies,
+                       models_dir=self.ws.models_dir, progress=True)
         wall = time.perf_counter() - started
         curve = [json.loads(line) for line in curve_file.read_text().splitlines()]
+        pretraining = bank_info["episodes"] if uses_bank else 0
         summary = {"run": spec.key, "name": spec.name, "method": spec.method, "seed": spec.seed,
                    "overrides": spec.overrides, "budget": self.budget, "steps": cfg.distill.steps,
-                   "pretraining_episodes": bank["episodes"] if uses_bank else 0,
+                   "pretraining_episodes": pretraining,
                    "skill_generations": result.budget.get("skill_generations", 0.0),
                    "final_success": curve[-1]["success_rate"], "curve": curve,
                    "wall_s_this_session": round(wall, 1), "resumed": result.resumed,
@@ -329,8 +307,7 @@ class Comparison:
         and dual variable β. A step logged twice (a resumed step) counts once, with its last value."""
         out = {}
         for key in SIGNALS:
-            by_step = {m.step: m.value for m in sorted(self.registry.client.get_metric_history(run_id, key),
-                                                          key=lambda m: m.timestamp)}
+            by_step = self.registry.metric_by_step(run_id, key)
             values = [by_step[s] for s in sorted(by_step)]
             if values:
                 out[key] = {"first": values[0], "last": values[-1], "mean": statistics.fmean(values),
@@ -352,23 +329,6 @@ class Comparison:
 
 def _suite(name: str):
     return get_suite(name)
-
-
-def _pick(metrics: dict[str, float]) -> dict[str, float]:
-    return {"success_rate": metrics["eval/success_rate"], "mean_reward": metrics["eval/mean_reward"],
-            "response_tokens": metrics["eval/mean_response_tokens"]}
-
-
-class _preserved_rng:
-    """Evaluation must not move the training run's random streams (resume equality)."""
-
-    def __enter__(self):
-        self.state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-
-    def __exit__(self, *exc):
-        random.setstate(self.state[0])
-        np.random.set_state(self.state[1])
-        torch.set_rng_state(self.state[2])
 
 
 def split_names(value: str) -> list[str]:
@@ -425,7 +385,7 @@ def run_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: i
             raise RuntimeError(f"no run of this plan has finished yet under {comp.root / 'runs'}")
         log(f"report of {len(results)}/{len(specs)} finished runs")
         return comp.result(results)
-    comp.bank()
+    comp.bank_info()
     results = []
     for i, spec in enumerate(specs):
         log(f"=== run {i + 1}/{len(specs)}: {spec.key} ===")

@@ -33,24 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from lopd_core.envs import get_suite
-from lopd_core.evaluation import episode_metrics, evaluate
+from lopd_core.evaluation import episode_metrics
 from lopd_core.memory.curation import curate_store
 from lopd_core.memory.indexing import index_store
-from lopd_core.memory.sql import sql_in
 from lopd_core.memory.store import ExperienceStore
 from lopd_core.metrics import numeric
-from lopd_core.registry import ModelRegistry, decide_promotion
-from lopd_core.rollout.agent import run_episodes
-from lopd_core.rollout.engines import make_engine
-from lopd_core.rollout.engines.base import SamplingParams
-from lopd_core.training import (
-    build_policies,
-    cold_start,
-    is_base_marker,
-    load_student_init,
-    needs_composer,
-    train,
-)
+from lopd_core.recipe import bank_from_store, cold_start_composer, evaluate_policy, seed_episodes
+from lopd_core.records.experience import Bank
+from lopd_core.registry import ModelRegistry, decide_promotion, is_base_marker
+from lopd_core.training import build_policies, load_student_init, needs_composer, train
 from lopd_core.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -178,11 +169,11 @@ def _policies(ctx: CycleContext, student_version: str | None):
     return policies
 
 
-def _rekey(trajectories, cycle_id: str, stage: str, step: int | None = None):
-    """Deterministic ids: the idempotency key of every stored rollout."""
+def _rekey(trajectories, cycle_id: str, step: int):
+    """Deterministic ids ``<cycle>/distill/<step>/<index>``: the idempotency key of every stored training rollout."""
     out = []
     for i, t in enumerate(trajectories):
-        key = f"{cycle_id}/{stage}/{i:04d}" if step is None else f"{cycle_id}/{stage}/{step:04d}/{i:04d}"
+        key = f"{cycle_id}/distill/{step:04d}/{i:04d}"
         out.append(replace(t, trajectory_id=key, episode_id=key, cycle_id=cycle_id))
     return out
 
@@ -191,24 +182,14 @@ def _rekey(trajectories, cycle_id: str, stage: str, step: int | None = None):
 # Stages
 def stage_rollouts(ctx: CycleContext) -> dict[str, Any]:
     """Episodes on training tasks with the @champion student, into the trajectories table."""
-
-    cfg, r = ctx.cfg, ctx.cfg.rollout
+    cfg = ctx.cfg
     champion = ctx.champion()
     policies = _policies(ctx, None if champion.is_base else champion.student)
-    tasks = ctx.suite.tasks("train", r.n_tasks, level=r.level, seed=ctx.seed)
-    engine = make_engine(r.engine, policies.student_module(), policies.tokenizer, batch_size=r.batch_size,
-                         model_path=policies.base_path, dtype=cfg.model.dtype, device=cfg.model.device)
-    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-                              seed=ctx.seed)
     started = time.perf_counter()
-    with policies.student() as _:
-        trajectories = run_episodes(engine, policies.tokenizer, ctx.suite, tasks, max_turns=r.max_turns,
-                                    max_trajectory_tokens=r.max_trajectory_tokens, sampling=sampling,
-                                    observation_max_chars=r.observation_max_chars,
-                                    policy_version=f"student-v{champion.student}", cycle_id=ctx.cycle_id,
-                                    progress=True)
+    trajectories = seed_episodes(cfg, policies, ctx.suite, n=cfg.rollout.n_tasks, seed=ctx.seed, weights="student",
+                                 label=f"student-v{champion.student}", id_prefix=f"{ctx.cycle_id}/rollouts",
+                                 cycle_id=ctx.cycle_id)
     wall = time.perf_counter() - started
-    trajectories = _rekey(trajectories, ctx.cycle_id, "rollouts")
     write = ctx.store.write_trajectories(trajectories, stage="rollouts", cycle_id=ctx.cycle_id,
                                          max_bad_fraction=cfg.curation.max_bad_row_fraction)
     metrics = {k.replace("eval/", "rollout/"): v for k, v in episode_metrics(trajectories).items()}
@@ -242,27 +223,15 @@ def stage_index(ctx: CycleContext) -> dict[str, Any]:
             "near_duplicates": len(result.near_duplicates), "vector_index": result.vector_index}
 
 
-def _cold_start_if_needed(ctx: CycleContext, composer_init: Path | None, retriever) -> Path | None:
+def _cold_start_if_needed(ctx: CycleContext, composer_init: Path | None, bank: Bank) -> Path | None:
     """Cycle 1 (champion composer = base marker): cold-start the composer on the bank's own successes."""
-
     if not needs_composer(ctx.cfg) or not (composer_init is None or is_base_marker(composer_init)):
         return composer_init
     out_dir = ctx.dir / "cold_start"
     if (out_dir / "lopd_composer.json").exists():
         return out_dir
-    # y* = the curated bank's source trajectories (the curation thresholds decide what counts as success);
-    # the sampled ids are used as they are, so the cold start trains on exactly what the base model produced.
-
-    curated_ids = ctx.store.read("curated", columns=["trajectory_id"])["trajectory_id"].tolist()
-    successes = ctx.store.read_trajectories(where=sql_in("trajectory_id", curated_ids)) if curated_ids else []
-    if not successes:
-        raise RuntimeError("the composer cold start needs successful training trajectories and the store has none; "
-                           "raise rollout.n_tasks or lower rollout.level so the base model solves some tasks")
-    kind = getattr(ctx.suite, "kind", "tool")
-    threshold = ctx.cfg.curation.success_threshold(kind)
-    result = cold_start(ctx.cfg, retriever=retriever, out_dir=out_dir, trajectories=successes,
-                        models_dir=ctx.ws.models_dir, success_threshold=threshold,
-                        logger=MlflowMetricLogger(ctx.registry, ctx.mlflow_run_id))
+    result = cold_start_composer(ctx.cfg, bank, suite_name=ctx.cfg.rollout.suite, out_dir=out_dir,
+                                 models_dir=ctx.ws.models_dir, logger=MlflowMetricLogger(ctx.registry, ctx.mlflow_run_id))
     ctx.registry.log_metrics(ctx.mlflow_run_id, {"cold_start/nll_first": result.nll_first,
                                                  "cold_start/nll_last": result.nll_last,
                                                  "cold_start/examples": float(result.examples)})
@@ -272,23 +241,24 @@ def _cold_start_if_needed(ctx: CycleContext, composer_init: Path | None, retriev
 def stage_distill(ctx: CycleContext) -> dict[str, Any]:
     """N training steps from the champion pair, retrieval pinned at this cycle's experiences version."""
 
-    index_ref = ctx.record.stages.get("index") or stage_index(ctx)
-    version = int(index_ref["experiences_version"])
+    if "index" not in ctx.record.stages:
+        raise ValueError(f"cycle {ctx.cycle_id}: the distill stage needs the index stage's experiences version; "
+                         "run the index stage first (`python -m flows.stages index --cycle-id ...`)")
+    version = int(ctx.record.stages["index"]["experiences_version"])
     champion = ctx.champion()
     student_init = ctx.registry.download("student", champion.student)
     composer_init = ctx.registry.download("composer", champion.composer)
-    retriever = ctx.store.retriever(version=version)
-    composer_init = _cold_start_if_needed(ctx, composer_init, retriever)
+    bank = bank_from_store(ctx.store, version=version, episodes=ctx.record.stages.get("rollouts", {}).get("n", 0))
+    composer_init = _cold_start_if_needed(ctx, composer_init, bank)
 
     def store_step(step: int, metrics: dict[str, float], trajectories) -> None:
-        ctx.store.write_trajectories(_rekey(trajectories, ctx.cycle_id, "distill", step), stage="distill",
+        ctx.store.write_trajectories(_rekey(trajectories, ctx.cycle_id, step), stage="distill",
                                      cycle_id=ctx.cycle_id, max_bad_fraction=ctx.cfg.curation.max_bad_row_fraction)
 
-    pretraining = ctx.record.stages.get("rollouts", {}).get("n", 0)
-    result = train(ctx.cfg, suite=ctx.suite, retriever=retriever, run_dir=ctx.ws.checkpoints_dir / f"cycle-{ctx.cycle_id}",
+    result = train(ctx.cfg, suite=ctx.suite, bank=bank, run_dir=ctx.ws.checkpoints_dir / f"cycle-{ctx.cycle_id}",
                    student_init=student_init, composer_init=composer_init,
                    logger=MlflowMetricLogger(ctx.registry, ctx.mlflow_run_id), on_step=store_step,
-                   table_version=version, pretraining_episodes=pretraining, models_dir=ctx.ws.models_dir)
+                   models_dir=ctx.ws.models_dir)
     composer_dir = result.composer_dir or composer_init
     history = [{k: v for k, v in m.items() if k.startswith(("distill/", "rollout/success", "budget/episodes"))}
                for m in result.history]
@@ -302,10 +272,10 @@ def stage_distill(ctx: CycleContext) -> dict[str, Any]:
 def _evaluate_student(ctx: CycleContext, policies, role: str, label: str, *, use_base_weights: bool) -> dict:
     from data_contracts.convert import evaluation_frame
 
-    scope = policies.teacher if use_base_weights else policies.student
-    result = evaluate(scope, policies.tokenizer, cfg=ctx.cfg, suite_name=ctx.cfg.rollout.suite, policy_version=label,
-                      base=policies.teacher, reference_cache=ctx.ws.runs_dir / "probe_references" /
-                      f"{Path(str(policies.base_path)).name}.json", cycle_id=ctx.cycle_id)
+    result = evaluate_policy(ctx.cfg, policies, ctx.cfg.rollout.suite, label=label,
+                             weights="base" if use_base_weights else "student", with_probe=True,
+                             reference_cache=ctx.ws.runs_dir / "probe_references" / f"{Path(str(policies.base_path)).name}.json",
+                             cycle_id=ctx.cycle_id)
     eval_run_id = f"{ctx.cycle_id}/{role}"
     frames = [evaluation_frame(result.trajectories, eval_run_id=eval_run_id, role=role, cycle_id=ctx.cycle_id)]
     if result.probe_trajectories:

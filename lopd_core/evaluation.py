@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
+from lopd_core.config import Config
 from lopd_core.envs import get_suite
 from lopd_core.records.chat import render_prompt_ids
 from lopd_core.records.trajectory import Trajectory
-from lopd_core.rollout.agent import run_episodes
+from lopd_core.rollout.agent import play
 from lopd_core.rollout.engines import make_engine
-from lopd_core.rollout.engines.base import SamplingParams
 
 EVAL_SEED = 10_007
 """Task seed of the held-out sets (fixed, so every model version is scored on the same tasks)."""
@@ -81,20 +81,15 @@ def episode_metrics(trajectories: list[Trajectory], prefix: str = "eval") -> dic
     }
 
 
-def run_suite(model, tokenizer, suite_name: str, *, cfg, split: str, n_tasks: int, seed: int,
+def run_suite(model, tokenizer, suite_name: str, *, cfg: Config, split: str, n_tasks: int, seed: int,
               policy_version: str, temperature: float, progress: bool = False, cycle_id: str = "",
               step: int = -1) -> list[Trajectory]:
     """Generate ``n_tasks`` episodes of a suite with the hf engine on ``model`` (already on its device)."""
-
     suite = get_suite(suite_name)
     tasks = suite.tasks(split, n_tasks, level=cfg.rollout.level, seed=seed)
     engine = make_engine("hf", model, tokenizer, batch_size=cfg.rollout.batch_size)
-    sampling = SamplingParams(temperature=temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                              max_new_tokens=cfg.rollout.max_new_tokens, seed=seed)
-    return run_episodes(engine, tokenizer, suite, tasks, max_turns=cfg.rollout.max_turns,
-                        max_trajectory_tokens=cfg.rollout.max_trajectory_tokens, sampling=sampling,
-                        observation_max_chars=cfg.rollout.observation_max_chars, policy_version=policy_version,
-                        step=step, cycle_id=cycle_id, progress=progress)
+    return play(cfg.rollout, engine, tokenizer, suite, tasks, seed=seed, temperature=temperature,
+                policy_version=policy_version, step=step, cycle_id=cycle_id, progress=progress)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -19,8 +19,7 @@ from typing import Any
 from lopd_core.cycle import CycleContext, _evaluate_student, _policies
 from lopd_core.memory.curation import curate_store
 from lopd_core.memory.indexing import index_store
-from lopd_core.registry import PairVersion, decide_promotion
-from lopd_core.training import is_base_marker
+from lopd_core.registry import PairVersion, decide_promotion, is_base_marker
 from lopd_core.workspace import Workspace
 
 
@@ -52,15 +51,15 @@ def evaluate_version(cfg, ref: str = "champion") -> dict[str, Any]:
     policies = _policies(ctx, None if is_base_marker(source) else student)
     metrics = _evaluate_student(ctx, policies, f"student-v{student}", f"student-v{student}",
                                 use_base_weights=is_base_marker(source))
-    ctx.registry.client.set_model_version_tag(cfg.registry.student_model, student, "eval_summary",
-                                              json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    ctx.registry.set_version_tag("student", student, "eval_summary",
+                                 json.dumps({k: round(v, 4) for k, v in metrics.items()}))
     run_id = ctx.registry.cycle_run(f"eval-student-v{student}")
     ctx.registry.log_metrics(run_id, metrics)
     return {"student_version": student, "composer_version": composer, "metrics": metrics, "mlflow_run_id": run_id}
 
 
 def _summary(registry, cfg, student: str) -> dict[str, float]:
-    tags = registry.client.get_model_version(cfg.registry.student_model, student).tags
+    tags = registry.version_tags("student", student)
     if "eval_summary" in tags:
         return json.loads(tags["eval_summary"])
     return evaluate_version(cfg, student)["metrics"]

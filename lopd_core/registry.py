@@ -30,6 +30,7 @@ from typing import Any
 CHAMPION = "champion"
 CHALLENGER = "challenger"
 BASE_MARKER = "lopd_base.json"
+"""A registered directory holding this file stands for "the configured base model / no composer yet"."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -175,6 +176,20 @@ class ModelRegistry:
             self.client.log_dict(run_id, config, "config.json")
         return run_id
 
+    def comparison_run(self, experiment: str, key: str, *, tags: dict[str, str] | None = None) -> str:
+        """The MLflow run of one comparison run (``key`` = ``<method>-s<seed>``) in ``experiment``, created once."""
+        experiment_id = self.experiment_for(experiment)
+        run = self.find_run("lopd.compare_run", key, experiment_id)
+        if run is not None:
+            return run.info.run_id
+        return self.client.create_run(experiment_id, run_name=key,
+                                      tags={"lopd.compare_run": key, **(tags or {})}).info.run_id
+
+    def metric_by_step(self, run_id: str, key: str) -> dict[int, float]:
+        """A metric's history as ``{step: value}``; a step logged twice (a resumed step) keeps its last value."""
+        history = sorted(self.client.get_metric_history(run_id, key), key=lambda m: m.timestamp)
+        return {m.step: m.value for m in history}
+
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int | None = None) -> None:
         import time
 
@@ -319,6 +334,14 @@ class ModelRegistry:
             return dst
         return local
 
+    def version_tags(self, role: str, version: str) -> dict[str, str]:
+        model = self.cfg.student_model if role == "student" else self.cfg.composer_model
+        return dict(self.client.get_model_version(model, version).tags)
+
+    def set_version_tag(self, role: str, version: str, key: str, value: Any) -> None:
+        model = self.cfg.student_model if role == "student" else self.cfg.composer_model
+        self.client.set_model_version_tag(model, version, key, str(value))
+
     def versions(self, role: str = "student") -> list[dict[str, Any]]:
         model = self.cfg.student_model if role == "student" else self.cfg.composer_model
         out = []
@@ -328,5 +351,6 @@ class ModelRegistry:
         return sorted(out, key=lambda r: int(r["version"]))
 
 
-def is_base_artifact(path: Path) -> bool:
-    return (path / BASE_MARKER).exists()
+def is_base_marker(path: Path | None) -> bool:
+    """Whether a registered (or downloaded) directory is the base marker rather than trained weights."""
+    return path is not None and (Path(path) / BASE_MARKER).exists()

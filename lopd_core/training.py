@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from lopd_core.algorithms import make_algorithm
 from lopd_core.algorithms.base import StepInputs
@@ -56,6 +57,8 @@ from lopd_core.algorithms.cold_start import (
     trajectory_from_experience,
 )
 from lopd_core.checkpoint import latest_checkpoint, read_checkpoint, restore_trainer_state, save_checkpoint
+from lopd_core.config import Config
+from lopd_core.envs import Suite
 from lopd_core.memory.curation import lite_messages, lite_text
 from lopd_core.metrics import InMemoryLogger, MetricLogger, MultiLogger, numeric
 from lopd_core.models.composer import (
@@ -66,17 +69,14 @@ from lopd_core.models.composer import (
     save_composer,
 )
 from lopd_core.models.policy import PolicySet, build_policy_set
-from lopd_core.records.chat import end_of_turn_ids
-from lopd_core.records.experience import Experience, RetrievalQuery, Retriever
+from lopd_core.records.experience import Bank, Experience, RetrievalQuery, Retriever
 from lopd_core.records.trajectory import Trajectory
-from lopd_core.rollout.agent import run_episodes, summarize_trajectories
+from lopd_core.registry import is_base_marker
+from lopd_core.rollout.agent import play, summarize_trajectories
 from lopd_core.rollout.engines import make_engine
-from lopd_core.rollout.engines.base import SamplingParams
 from lopd_core.workspace import Workspace
 
 log = logging.getLogger(__name__)
-BASE_MARKER = "lopd_base.json"
-"""A registry directory holding this file stands for "the configured base model / no composer yet"."""
 
 
 @dataclass
@@ -121,10 +121,6 @@ class ColdStartResult:
 
 # --------------------------------------------------------------------------------------------------
 # Models and artifacts
-def is_base_marker(path: Path | None) -> bool:
-    return path is not None and (Path(path) / BASE_MARKER).exists()
-
-
 def build_policies(cfg, *, models_dir: Path | None = None) -> PolicySet:
     """The run's models: the configured base (teacher, encoder backbone) + the student, untrained."""
 
@@ -223,20 +219,18 @@ def experiences_from_trajectories(trajectories: list[Trajectory], cfg, *, kind: 
 
 
 # --------------------------------------------------------------------------------------------------
-def train(cfg, *, suite, retriever: Retriever | None, run_dir: Path, student_init: Path | None = None,
+def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, student_init: Path | None = None,
           composer_init: Path | None = None, logger: MetricLogger | None = None, resume: bool = True,
           progress: bool = True, on_step: Callable[[int, dict[str, float], list[Trajectory]], None] | None = None,
-          table_version: int | None = None, policies: PolicySet | None = None, engine=None, tasks: list | None = None,
-          pretraining_episodes: int = 0, models_dir: Path | None = None) -> TrainResult:
+          policies: PolicySet | None = None, engine=None, tasks: list | None = None,
+          pretraining_episodes: int | None = None, models_dir: Path | None = None) -> TrainResult:
     """Run ``cfg.distill.steps`` steps of ``cfg.distill.method`` (resuming from ``run_dir``'s latest checkpoint).
 
-    ``on_step(step, metrics, trajectories)`` is called after every step (flows store the trajectories).
-    ``table_version`` is the pinned experience-table version the retriever reads; it is recorded in every
-    checkpoint and a resume with another version is refused.
+    ``bank`` is what retrieval reads (None: no retrieval, for the methods without privileged context); its
+    pinned table version is recorded in every checkpoint and a resume with another version is refused.
+    ``pretraining_episodes`` defaults to the bank's seed episodes. ``on_step(step, metrics, trajectories)``
+    is called after every step (the cycle stores the trajectories, the comparison evaluates).
     """
-    from tqdm.auto import tqdm
-
-
     d = cfg.distill
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -249,10 +243,10 @@ def train(cfg, *, suite, retriever: Retriever | None, run_dir: Path, student_ini
         if info.method != d.method:
             raise ValueError(f"{latest} was written by method '{info.method}', but distill.method is '{d.method}'; "
                              "use another run directory or --no-resume")
-        if table_version is not None and info.table_version is not None and info.table_version != table_version:
-            raise ValueError(f"{latest} was trained on experiences table version {info.table_version}, but version "
-                             f"{table_version} was given; resume with the pinned version or use --no-resume")
-        table_version = info.table_version if table_version is None else table_version
+        if bank is not None and bank.version is not None and info.table_version is not None \
+                and info.table_version != bank.version:
+            raise ValueError(f"{latest} was trained on experiences table version {info.table_version}, but the bank "
+                             f"is pinned at version {bank.version}; resume with the pinned version or use --no-resume")
     policies = policies or build_policies(cfg, models_dir=models_dir)
     load_student_init(policies, info.student_dir if info else student_init)
     composer = load_composer_init(policies, cfg, info.composer_dir if info else composer_init)
@@ -264,7 +258,11 @@ def train(cfg, *, suite, retriever: Retriever | None, run_dir: Path, student_ini
     if info is not None:
         restore_trainer_state(info, algorithm)
         start_step, cursor, budget = info.step + 1, info.cursor, {**budget, **info.budget}
+    if pretraining_episodes is None:
+        pretraining_episodes = bank.episodes if bank is not None else 0
     budget["pretraining_episodes"] = float(pretraining_episodes or budget.get("pretraining_episodes", 0.0))
+    retriever = bank.retriever if bank is not None else None
+    table_version = bank.version if bank is not None else None
 
     g = algorithm.episodes_per_task
     tasks_per_step = d.tasks_per_step // g
@@ -281,15 +279,10 @@ def train(cfg, *, suite, retriever: Retriever | None, run_dir: Path, student_ini
         step_tasks = [pool[(cursor + k) % len(pool)] for k in range(tasks_per_step)]
         cursor += tasks_per_step
         episode_tasks = [t for t in step_tasks for _ in range(g)]
-        sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                                  max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=end_of_turn_ids(tok),
-                                  seed=d.seed * 1_000_003 + step)
         started = time.perf_counter()
-        trajectories = run_episodes(engine, tok, suite, episode_tasks, max_turns=cfg.rollout.max_turns,
-                                    max_trajectory_tokens=cfg.rollout.max_trajectory_tokens, sampling=sampling,
-                                    observation_max_chars=cfg.rollout.observation_max_chars,
-                                    policy_version=f"{run_dir.name}/step{step - 1}" if step else "init", step=step,
-                                    cycle_id=run_dir.name)
+        trajectories = play(cfg.rollout, engine, tok, suite, episode_tasks, seed=d.seed * 1_000_003 + step,
+                            policy_version=f"{run_dir.name}/step{step - 1}" if step else "init", step=step,
+                            cycle_id=run_dir.name)
         metrics = rollout_metrics(trajectories, time.perf_counter() - started)
 
         # --- retrieval: J experiences per task, pinned table, leakage rules ----------------------------
@@ -352,9 +345,6 @@ def cold_start(cfg, *, retriever: Retriever, out_dir: Path, trajectories: list[T
     that already has φ0 continues training φ and keeps its φ0 (φ0 is fixed at the first cold start).
     ``success_threshold`` (default: the environment's success flag) selects the usable y* by reward.
     """
-    from tqdm.auto import tqdm
-
-
     lopd, cold = cfg.distill.lopd, cfg.distill.lopd.cold_start
     _seed_everything(cfg.distill.seed)
     policies = policies or build_policies(cfg, models_dir=models_dir)

@@ -8,7 +8,8 @@ import pytest
 from test_memory_support import make_trajectory
 
 from data_contracts import ExperienceSchema, trajectories_to_frame, validate_frame
-from lopd_core.memory.curation import curate_frame, curate_store, lite_messages, suite_kind
+from lopd_core.envs import suite_kind
+from lopd_core.memory.curation import curate_frame, curate_store, lite_messages
 from lopd_core.memory.indexing import index_store
 from lopd_core.memory.store import ExperienceStore
 from lopd_core.records.experience import RetrievalQuery

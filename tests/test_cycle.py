@@ -154,16 +154,16 @@ def test_malformed_rows_are_quarantined_and_the_cycle_completes(tmp_path, models
 
     for k, v in Workspace.from_config(cfg.workspace).ensure().prefect_env().items():
         monkeypatch.setenv(k, v)
-    real = cycle.run_episodes
+    real = cycle.seed_episodes
 
     def corrupting(*args, **kwargs):
         out = real(*args, **kwargs)
-        if kwargs.get("step", -1) == -1 and len(out) == 6:  # the seed rollouts only
+        if len(out) == 6:  # the rollouts stage's 6 episodes
             out[0] = replace(out[0], reward=1.7)
             out[1] = replace(out[1], assistant_mask=out[1].assistant_mask[:-3])
         return out
 
-    monkeypatch.setattr(cycle, "run_episodes", corrupting)  # the name the rollouts stage calls
+    monkeypatch.setattr(cycle, "seed_episodes", corrupting)  # what the rollouts stage calls
     from flows.cycle import cycle_flow
 
     result = cycle_flow("smoke", overrides, "q1")

@@ -16,6 +16,7 @@ from lopd_core.config import load_config
 from lopd_core.envs import get_suite
 from lopd_core.memory.in_memory import InMemoryRetriever
 from lopd_core.metrics import JsonlLogger
+from lopd_core.records.experience import Bank
 from lopd_core.training import cold_start, train
 
 _RESPONSE = re.compile(r"<tool_response>.*?</tool_response>", re.DOTALL)
@@ -46,6 +47,11 @@ def bank(tiny_tokenizer):
     return suite, trajectories, InMemoryRetriever([experience_of(t) for t in trajectories])
 
 
+def pinned(retriever, trajectories, version: int | None = 7) -> Bank:
+    """The oracle bank as a training run sees it, "pinned" at a table version (the in-memory one has none)."""
+    return Bank(retriever=retriever, successes=trajectories, version=version, episodes=6, source="in-memory")
+
+
 def smoke(tmp_path, models_dir, **overrides):
     return load_config("smoke").with_overrides({"workspace.home": str(tmp_path / "ws"),
                                                 "workspace.models_dir": str(models_dir), "rollout.max_turns": 1,
@@ -64,19 +70,20 @@ def test_lopd_resume_equals_an_uninterrupted_run(tmp_path, models_dir, bank):
                       progress=False)
     assert cold.examples == len(trajectories) and cold.steps == cfg.distill.lopd.cold_start.steps
 
-    full = train(cfg, suite=suite, retriever=retriever, run_dir=tmp_path / "full", composer_init=cold.composer_dir,
-                 progress=False, table_version=7)
+    full = train(cfg, suite=suite, bank=pinned(retriever, trajectories), run_dir=tmp_path / "full",
+                 composer_init=cold.composer_dir, progress=False)
     assert [h["budget/episodes"] for h in full.history] == [2.0, 4.0]
     assert all(h["memory/hit_rate"] == 1.0 and h["memory/same_task_rate"] == 0.0 for h in full.history)
 
     part = smoke(tmp_path, models_dir, **{"distill.steps": 1, "distill.lopd.lr_composer": 1e-3})
-    first = train(part, suite=suite, retriever=retriever, run_dir=tmp_path / "split", composer_init=cold.composer_dir,
-                  progress=False, table_version=7)
+    first = train(part, suite=suite, bank=pinned(retriever, trajectories), run_dir=tmp_path / "split",
+                  composer_init=cold.composer_dir, progress=False)
     assert first.last_step == 0 and not first.resumed
     with pytest.raises(ValueError, match="table version 7"):
-        train(cfg, suite=suite, retriever=retriever, run_dir=tmp_path / "split", progress=False, table_version=8)
+        train(cfg, suite=suite, bank=pinned(retriever, trajectories, 8), run_dir=tmp_path / "split", progress=False)
     logger = JsonlLogger(tmp_path / "split" / "metrics.jsonl")
-    rest = train(cfg, suite=suite, retriever=retriever, run_dir=tmp_path / "split", progress=False, logger=logger)
+    rest = train(cfg, suite=suite, bank=pinned(retriever, trajectories), run_dir=tmp_path / "split", progress=False,
+                 logger=logger)
     assert rest.resumed and rest.first_step == 1 and rest.table_version == 7
     assert [r["step"] for r in logger.read()] == [1]
     for uninterrupted, resumed in zip(full.history[1:], rest.history, strict=True):
@@ -96,10 +103,9 @@ def test_lopd_resume_equals_an_uninterrupted_run(tmp_path, models_dir, bank):
 
 @pytest.mark.parametrize("method", ["grpo", "none"])
 def test_budget_is_b_episodes_per_step_for_every_method(tmp_path, models_dir, bank, method):
-    suite, _, retriever = bank
+    suite, trajectories, retriever = bank
     cfg = smoke(tmp_path, models_dir, **{"distill.method": method, "distill.steps": 1})
-    result = train(cfg, suite=suite, retriever=retriever, run_dir=tmp_path / method, progress=False,
-                   pretraining_episodes=6)
+    result = train(cfg, suite=suite, bank=pinned(retriever, trajectories), run_dir=tmp_path / method, progress=False)
     h = result.history[0]
     assert h["budget/episodes_step"] == cfg.distill.tasks_per_step
     assert h["budget/pretraining_episodes"] == 6 and h["budget/total_units"] == cfg.distill.tasks_per_step + 6
@@ -107,6 +113,7 @@ def test_budget_is_b_episodes_per_step_for_every_method(tmp_path, models_dir, ba
 
 
 def test_lopd_without_a_cold_started_composer_says_what_to_do(tmp_path, models_dir, bank):
-    suite, _, retriever = bank
+    suite, trajectories, retriever = bank
     with pytest.raises(ValueError, match="cold-started composer"):
-        train(smoke(tmp_path, models_dir), suite=suite, retriever=retriever, run_dir=tmp_path / "r", progress=False)
+        train(smoke(tmp_path, models_dir), suite=suite, bank=pinned(retriever, trajectories), run_dir=tmp_path / "r",
+              progress=False)

@@ -37,7 +37,7 @@ def test_cold_start_without_successes_fails_with_the_fix(tmp_path, models_dir):
                "curation.success_threshold_tool=0.8", home=tmp_path, models_dir=models_dir)
     assert res.returncode == 1
     message = " ".join(res.stderr.split())  # the console wraps long lines
-    assert "cold start" in message and "seed more rollouts into the experience bank" in message
+    assert "cold start" in message and "raise rollout.n_tasks or lower rollout.level" in message
 
 
 def test_distill_cold_start_then_lopd_on_the_lancedb_store(tmp_path, models_dir, tiny_tokenizer):

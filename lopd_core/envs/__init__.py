@@ -6,11 +6,13 @@ single-turn function calling, test split only, levels 1–4 = simple, multiple, 
 parallel_multiple). Anything else is read as the path of a plug-in suite YAML
 (see ``docs/plugin-suites.md``). Every model-generated program runs in :mod:`lopd_core.envs.sandbox`.
 
-Suites are imported lazily: importing this package costs nothing.
+A suite's kind (``tool`` or ``code``: which success threshold applies) is :func:`suite_kind`, the one place
+it is worked out.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from lopd_core.envs.base import Environment, EpisodeResult, Split, StepResult, Suite, Task
@@ -21,9 +23,10 @@ from lopd_core.envs.plugin import load_plugin_suite
 from lopd_core.envs.toolworld import ToolWorldSuite
 
 BUILTIN_SUITES = ("toolworld", "codegen", "humaneval", "bfcl")
+_CODE_SUITE_WORDS = ("code", "humaneval", "mbpp", "livecodebench")
 
 __all__ = ["BUILTIN_SUITES", "Environment", "EpisodeResult", "Split", "StepResult", "Suite", "Task",
-           "get_suite", "list_suites"]
+           "get_suite", "list_suites", "suite_kind"]
 
 _CACHE: dict[str, Suite] = {}
 
@@ -58,3 +61,17 @@ def list_suites() -> list[dict[str, str]]:
         {"name": "humaneval", "kind": "code", "description": "HumanEval (164 problems, test split), pass@1 in our sandbox"},
         {"name": "bfcl", "kind": "tool", "description": "BFCL v4 single-turn function calling (test split), AST checker"},
     ]
+
+
+@functools.lru_cache(maxsize=64)
+def suite_kind(suite: str) -> str:
+    """'tool' or 'code' for a suite name or plug-in path: the suite's own ``kind`` when it loads, else (an
+    unknown or broken plug-in, e.g. while curating old rows) a name containing ``code``, ``humaneval``,
+    ``mbpp`` or ``livecodebench`` is a code suite and anything else a tool suite."""
+    try:
+        kind = getattr(get_suite(suite), "kind", None)
+        if kind in ("tool", "code"):
+            return kind
+    except Exception:  # noqa: BLE001 - an unknown or broken suite falls back to the naming rule
+        pass
+    return "code" if any(w in suite.lower() for w in _CODE_SUITE_WORDS) else "tool"

@@ -5,10 +5,7 @@ The rules, applied in this order (the first rule a trajectory fails is its drop 
 1. ``not_train_split``: evaluation tasks never enter the bank;
 2. ``status_error`` / ``status_truncated``: only finished episodes (``status == 'ok'``);
 3. ``below_success_threshold``: ``reward >= curation.success_threshold_tool`` for tool suites,
-   ``>= success_threshold_code`` (1.0: all tests pass) for code suites. A suite's kind comes from
-   ``lopd_core.envs.get_suite(name).kind`` when that registry knows the suite; otherwise a suite whose name
-   contains ``code``, ``humaneval``, ``mbpp`` or ``livecodebench`` is a code suite and every other suite a
-   tool suite;
+   ``>= success_threshold_code`` (1.0: all tests pass) for code suites (:func:`lopd_core.envs.suite_kind`);
 4. ``empty_text``: nothing to show (no instruction, or an empty observation-lite rendering);
 5. ``duplicate`` / ``near_duplicate``: cosine of the ``content_vector`` (hashed bag of words of instruction +
    observation-lite text) equal to 1 / at least ``curation.dedupe_threshold`` with an *older* kept
@@ -30,7 +27,6 @@ table version. Not here: embeddings for retrieval (:mod:`.indexing`).
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -40,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lopd_core.envs import get_suite
+from lopd_core.envs import suite_kind
 from lopd_core.memory.embedder import content_embedder
 from lopd_core.memory.sql import sql_in
 
@@ -51,22 +47,9 @@ if TYPE_CHECKING:
 
 DROP_REASONS = ("not_train_split", "status_error", "status_truncated", "below_success_threshold", "empty_text",
                 "duplicate", "near_duplicate", "per_task_cap", "family_balance")
-_CODE_SUITE_WORDS = ("code", "humaneval", "mbpp", "livecodebench")
 _TRAJECTORY_COLUMNS = ["trajectory_id", "episode_id", "task_id", "suite", "family", "split", "level", "instruction",
                        "messages", "reward", "status", "policy_version", "observation_lite", "messages_lite",
                        "cycle_id", "step"]
-
-
-@functools.lru_cache(maxsize=64)
-def suite_kind(suite: str) -> str:
-    """'tool' or 'code' (see rule 3 of the module docstring)."""
-    try:
-        kind = getattr(get_suite(suite), "kind", None)
-        if kind in ("tool", "code"):
-            return kind
-    except Exception:  # noqa: BLE001 - an unknown or broken suite falls back to the naming rule
-        pass
-    return "code" if any(w in suite.lower() for w in _CODE_SUITE_WORDS) else "tool"
 
 
 def shorten(text: str, *, max_chars: int) -> str:

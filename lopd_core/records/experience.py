@@ -16,7 +16,9 @@ in-memory one (:mod:`lopd_core.memory.in_memory`) applies :func:`allowed`. Plain
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from lopd_core.records.trajectory import Trajectory
 
 CONTENT_DIM = 256
 """Dimension of the near-duplicate ``content_vector`` stored with curated rows and experiences."""
@@ -66,3 +68,27 @@ def allowed(exp: Experience, query: RetrievalQuery) -> bool:
     if query.exclude_same_task and exp.task_id == query.task_id:
         return False
     return query.before_step is None or exp.step < query.before_step
+
+
+@dataclass(frozen=True)
+class Bank:
+    """The experience bank one training run retrieves from, with what it was built from.
+
+    ``version`` is carried here once: the training loop records it in every checkpoint and refuses to resume
+    with another, and it must be the version the retriever reads (checked at construction).
+    """
+
+    retriever: Retriever
+    successes: list[Trajectory]
+    """The trajectories the experiences came from: the y* of the composer's cold start."""
+    version: int | None
+    """The pinned ``experiences`` table version (None for an in-memory bank)."""
+    episodes: int
+    """Episodes generated to build the bank: pre-training budget."""
+    source: Literal["lancedb", "in-memory"]
+
+    def __post_init__(self) -> None:
+        pinned = getattr(self.retriever, "version", None)
+        if self.version is not None and pinned is not None and int(pinned) != int(self.version):
+            raise ValueError(f"the bank says experiences version {self.version} but its retriever reads version {pinned}")
+

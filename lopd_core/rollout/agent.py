@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from lopd_core.config import RolloutConfig
 from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids, turn_suffix_ids
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.rollout.engines.base import Engine, SamplingParams
@@ -183,6 +184,33 @@ def _finish_record(ep: _Episode, *, engine_name: str, sampling: dict[str, Any], 
 
 
 # --------------------------------------------------------------------------------------------------
+def sampling_params(rollout: RolloutConfig, tokenizer, *, seed: int | None,
+                    temperature: float | None = None) -> SamplingParams:
+    """The sampling parameters of a rollout section (``temperature`` overrides it, e.g. 0 for greedy evaluation).
+
+    The stop ids are the tokenizer's end-of-turn ids, written out so that every record of the sampling
+    parameters (trajectories, summaries) shows what was used.
+    """
+    return SamplingParams(temperature=rollout.temperature if temperature is None else temperature,
+                          top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens,
+                          stop_token_ids=end_of_turn_ids(tokenizer), seed=seed)
+
+
+def play(rollout: RolloutConfig, engine: Engine, tokenizer, suite, tasks: list, *, seed: int | None,
+         temperature: float | None = None, policy_version: str = "base", step: int = -1, cycle_id: str = "",
+         progress: bool = False) -> list[Trajectory]:
+    """:func:`run_episodes` with the turn, length and sampling settings of a ``rollout`` config section.
+
+    Every caller that plays episodes (the cycle's rollouts, bank seeding, training steps, evaluation, the
+    CLI) goes through here, so the settings are read from the config in one place.
+    """
+    return run_episodes(engine, tokenizer, suite, tasks, max_turns=rollout.max_turns,
+                        max_trajectory_tokens=rollout.max_trajectory_tokens,
+                        sampling=sampling_params(rollout, tokenizer, seed=seed, temperature=temperature),
+                        observation_max_chars=rollout.observation_max_chars, policy_version=policy_version,
+                        step=step, cycle_id=cycle_id, progress=progress)
+
+
 def run_episodes(engine: Engine, tokenizer, suite, tasks: list, *, max_turns: int, max_trajectory_tokens: int,
                  sampling: SamplingParams, observation_max_chars: int = 400, policy_version: str = "base",
                  composer_version: str = "none", step: int = -1, cycle_id: str = "",
