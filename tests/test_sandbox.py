@@ -506,6 +506,8 @@ NO_NAMESPACES = Isolation("none", ("pid_namespace", "network_namespace", "mount_
 
 
 def test_without_isolation_model_code_is_refused_unless_opted_in(monkeypatch):
+    from lopd_core.envs.codegen.harness import run_tests
+
     monkeypatch.setattr(sandbox, "isolation", lambda: NO_NAMESPACES)
     monkeypatch.delenv(ALLOW_UNCONTAINED_ENV, raising=False)
     verdict = run_python("print('ran')", limits=FAST)
@@ -513,12 +515,17 @@ def test_without_isolation_model_code_is_refused_unless_opted_in(monkeypatch):
     assert ALLOW_UNCONTAINED_ENV in verdict.reason and "pid_namespace" in verdict.uncontained
     with pytest.raises(SandboxError, match="refused"):
         run_python("print('ran')", limits=dataclasses.replace(FAST, require_isolation=True))
-    # Opted in: it runs (mode none, in a host directory), and the verdict lists the gaps.
+    # The verifier does not score it and says why.
+    report = run_tests("def f(x):\n    return x\n", "f", [{"args": [1], "expected": 1}])
+    assert (report.passed, report.verdict_status) == (0, "refused") and "not scored" in report.feedback
+    # Opted in: it runs (mode none, in a host directory), and the verifier scores it, recording the gaps.
     monkeypatch.setenv(ALLOW_UNCONTAINED_ENV, "1")
     verdict = run_python("import os\nprint('ran in', os.getcwd())", limits=FAST)
     assert verdict.status == "ok" and verdict.mode == "none" and verdict.stdout.startswith("ran in /")
     assert "pid_namespace" in verdict.uncontained and not verdict.protections["dies_with_parent"]
     assert verdict.protections["no_new_privs"]
+    report = run_tests("def f(x):\n    return x\n", "f", [{"args": [1], "expected": 1}])
+    assert report.passed == 1 and "pid_namespace" in report.uncontained
 
 
 def test_a_run_that_misses_a_protection_is_refused_before_the_program_starts(monkeypatch):
