@@ -507,6 +507,7 @@ NO_NAMESPACES = Isolation("none", ("pid_namespace", "network_namespace", "mount_
 
 def test_without_isolation_model_code_is_refused_unless_opted_in(monkeypatch):
     from lopd_core.envs.codegen.harness import run_tests
+    from lopd_core.envs.humaneval import load_problems, score
 
     monkeypatch.setattr(sandbox, "isolation", lambda: NO_NAMESPACES)
     monkeypatch.delenv(ALLOW_UNCONTAINED_ENV, raising=False)
@@ -515,10 +516,13 @@ def test_without_isolation_model_code_is_refused_unless_opted_in(monkeypatch):
     assert ALLOW_UNCONTAINED_ENV in verdict.reason and "pid_namespace" in verdict.uncontained
     with pytest.raises(SandboxError, match="refused"):
         run_python("print('ran')", limits=dataclasses.replace(FAST, require_isolation=True))
-    # The verifier does not score it and says why.
+    # The verifiers do not score it and say why.
     report = run_tests("def f(x):\n    return x\n", "f", [{"args": [1], "expected": 1}])
     assert (report.passed, report.verdict_status) == (0, "refused") and "not scored" in report.feedback
-    # Opted in: it runs (mode none, in a host directory), and the verifier scores it, recording the gaps.
+    problem = load_problems()[0]
+    result = score(problem, problem["canonical_solution"])
+    assert result.reward == 0.0 and "not scored" in result.feedback
+    # Opted in: it runs (mode none, in a host directory), and the verifiers score it, recording the gaps.
     monkeypatch.setenv(ALLOW_UNCONTAINED_ENV, "1")
     verdict = run_python("import os\nprint('ran in', os.getcwd())", limits=FAST)
     assert verdict.status == "ok" and verdict.mode == "none" and verdict.stdout.startswith("ran in /")
