@@ -445,58 +445,158 @@ def _unprivileged_prefix() -> tuple[list[str], str] | tuple[None, str]:
     return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", python], str(uid)
 
 
-def test_unprivileged_user_is_contained_through_user_namespaces_or_refused():
+UNPRIVILEGED_PROBE = """
+import ctypes, os, socket, sys, time
+home, port, project, marker, abstract = sys.argv[1:6]
+def attempt(name, act):
+    try:
+        act()
+        print(name + ': done')
+    except OSError as e:
+        print(name + ': ' + type(e).__name__)
+attempt('credentials', lambda: open(home + '/.aws/credentials').read())
+attempt('home write', lambda: open(home + '/pwned', 'w').write('x'))
+attempt('localhost', lambda: socket.create_connection(('127.0.0.1', int(port)), 2))
+attempt('abstract socket', lambda: socket.socket(socket.AF_UNIX).connect(abstract.replace('@', chr(0))))
+attempt('project', lambda: open(project).read())
+attempt('shadow', lambda: open('/etc/shadow').read())
+attempt('usr write', lambda: open('/usr/' + marker, 'w').write('x'))
+attempt('run/lock write', lambda: open('/run/lock/' + marker, 'w').write('x'))
+attempt('tmp write', lambda: open('/tmp/' + marker, 'w').write('x'))
+status = dict(line.split(':', 1) for line in open('/proc/self/status').read().splitlines())
+for key in ('NoNewPrivs', 'Seccomp', 'CapEff'):
+    print(key + ': ' + status[key].strip())
+libc = ctypes.CDLL(None, use_errno=True)
+print('unshare: %d %d' % (libc.unshare(0x10000000), ctypes.get_errno()))
+print('max_user_namespaces: ' + open('/proc/sys/user/max_user_namespaces').read().strip())
+mib = 0
+try:
+    while True:
+        with open('fill%d' % mib, 'wb') as f:
+            f.write(b'x' * 1048576)
+        mib += 1
+except OSError as e:
+    print('fill: %d MiB errno %d' % (mib, e.errno))
+if os.fork() == 0:
+    os.setsid()
+    time.sleep(60)
+print('uid: ' + str(os.getuid()))
+"""
+
+
+def _run_unprivileged(prefix, home, script, **popen):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([*prefix, "-c", script], env=env, cwd=str(home), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+@pytest.fixture
+def unprivileged():
+    """(command prefix, uid, a home directory owned by that uid) to run a python as an unprivileged user."""
     prefix, uid = _unprivileged_prefix()
     if prefix is None:
         pytest.skip(uid)
     home = Path(tempfile.mkdtemp(prefix="lopd-unpriv-home-"))
-    listener = socket.socket()
+    home.chmod(0o755)
+    os.chown(home, int(uid), int(uid))
+    yield prefix, int(uid), home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _uid_processes(uid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    pids.append(int(entry.name))
+            except FileNotFoundError:
+                continue
+    return pids
+
+
+def test_unprivileged_user_is_contained_through_user_namespaces_or_refused(unprivileged):
+    prefix, uid, home = unprivileged
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = hunter2\n")
+    for path in (home / ".aws", home / ".aws" / "credentials"):
+        os.chown(path, uid, uid)
+    marker = f"lopd-unpriv-escape-{os.getpid()}"
+    listener, abstract = socket.socket(), socket.socket(socket.AF_UNIX)
     try:
-        home.chmod(0o755)
-        (home / ".aws").mkdir()
-        (home / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = hunter2\n")
-        for path in (home, home / ".aws", home / ".aws" / "credentials"):
-            os.chown(path, int(uid), int(uid))
         listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        listener.settimeout(0.2)
-        port = listener.getsockname()[1]
-        probe = ("import os, socket\n"
-                 f"home = {str(home)!r}\n"
-                 "for name, act in (('credentials', lambda: open(home + '/.aws/credentials').read()),\n"
-                 "                  ('home write', lambda: open(home + '/pwned', 'w').write('x')),\n"
-                 f"                  ('localhost', lambda: socket.create_connection(('127.0.0.1', {port}), 2)),\n"
-                 "                  ('project', lambda: open(" + repr(str(REPO / "lopd_core" / "envs" / "codegen" / "templates.py"))
-                 + ").read())):\n"
-                 "    try:\n        act()\n        print(name + ': done')\n"
-                 "    except OSError as e:\n        print(name + ': ' + type(e).__name__)\n"
-                 "print('uid: ' + str(os.getuid()))\n")
-        child = ("import json, sys\n"
-                 f"sys.path.insert(0, {str(REPO)!r})\n"
-                 "from lopd_core.envs.sandbox import SandboxLimits, isolation, run_python\n"
-                 f"verdict = run_python({probe!r}, limits=SandboxLimits(timeout_s=10, memory_mb=256))\n"
+        abstract.bind(f"\0{marker}")
+        for server in (listener, abstract):
+            server.listen()
+            server.settimeout(0.2)
+        argv = [str(home), str(listener.getsockname()[1]), str(REPO / "lopd_core" / "envs" / "codegen" / "templates.py"),
+                marker, f"@{marker}"]
+        child = ("import json\nfrom lopd_core.envs.sandbox import SandboxLimits, isolation, run_python\n"
+                 f"limits = SandboxLimits(timeout_s=10, memory_mb=256, workdir_mb=8, max_file_mb=2)\n"
+                 f"verdict = run_python({UNPRIVILEGED_PROBE!r}, limits=limits, argv={argv!r})\n"
                  "print(json.dumps({'mode': isolation().mode, 'detail': isolation().detail, **verdict.to_dict()}))\n")
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
-        done = subprocess.run([*prefix, "-c", child], capture_output=True, text=True, timeout=120, env=env, cwd=str(home))
-        assert done.returncode == 0, done.stderr[-2000:]
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+        done = _run_unprivileged(prefix, home, child)
+        stdout, stderr = done.communicate(timeout=120)
+        assert done.returncode == 0, stderr[-2000:]
+        result = json.loads(stdout.strip().splitlines()[-1])
+        # Whatever the mode, nothing reached the host.
         assert not (home / "pwned").exists()
-        with pytest.raises(TimeoutError):
-            listener.accept()
-        if result["mode"] == "none":  # no unprivileged user namespaces here: nothing may run
+        for host in (f"/tmp/{marker}", f"/run/lock/{marker}", f"/usr/{marker}"):
+            assert not Path(host).exists()
+        for server in (listener, abstract):
+            with pytest.raises(TimeoutError):
+                server.accept()
+        if result["mode"] == "none":  # no unprivileged user namespaces on this machine: nothing may run
             assert result["status"] == "refused" and ALLOW_UNCONTAINED_ENV in result["reason"], result
             assert result["stdout"] == ""
             return
-        out = dict(line.split(": ", 1) for line in result["stdout"].splitlines())
         assert result["mode"] == "userns" and result["status"] == "ok", result
         assert result["uncontained"] == [], result["protections"]
-        localhost = out.pop("localhost")
-        assert out == {"credentials": "FileNotFoundError", "home write": "FileNotFoundError",
-                       "project": "FileNotFoundError", "uid": uid}
-        assert localhost in ("OSError", "ConnectionRefusedError")  # no route: the loopback is down
+        out = dict(line.split(": ", 1) for line in result["stdout"].splitlines())
+        assert out.pop("localhost") in ("OSError", "ConnectionRefusedError")  # the loopback is down
+        filled, *_, errno = out.pop("fill").split()
+        assert int(filled) <= 8 and errno == "28"  # ENOSPC at the tmpfs size (8 MiB)
+        assert out == {
+            "credentials": "FileNotFoundError", "home write": "FileNotFoundError",
+            "abstract socket": "ConnectionRefusedError", "project": "FileNotFoundError", "shadow": "PermissionError",
+            "usr write": "OSError", "run/lock write": "FileNotFoundError", "tmp write": "done",
+            "NoNewPrivs": "1", "Seccomp": "2", "CapEff": "0000000000000000", "unshare": "-1 1",
+            "max_user_namespaces": "0", "uid": str(uid),
+        }
+        time.sleep(0.2)
+        assert _uid_processes(uid) == []  # the setsid child died with the sandbox
     finally:
         listener.close()
-        shutil.rmtree(home, ignore_errors=True)
+        abstract.close()
+
+
+def test_unprivileged_sandbox_dies_with_its_sigkilled_parent(unprivileged):
+    prefix, uid, home = unprivileged
+    script = ("from lopd_core.envs.sandbox import SandboxLimits, isolation, run_python\n"
+              "print(isolation().mode, flush=True)\n"
+              "run_python('import time\\ntime.sleep(120)', limits=SandboxLimits(timeout_s=60, memory_mb=256))\n")
+    parent = _run_unprivileged(prefix, home, script, start_new_session=True)
+    try:
+        mode = parent.stdout.readline().strip()
+        if mode == "none":
+            pytest.skip("no unprivileged user namespaces here: the sandbox refuses, nothing runs to outlive lopd")
+        assert mode == "userns", parent.stderr.read()
+        marker = f"lopd-sandbox:{parent.pid}:"
+        deadline = time.monotonic() + 20
+        while len(_processes_with(marker)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_processes_with(marker)) == 3
+        time.sleep(0.3)
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        start = time.monotonic()
+        while _uid_processes(uid) and time.monotonic() - start < 5:
+            time.sleep(0.05)
+        assert _uid_processes(uid) == [], "sandbox processes outlived their SIGKILLed parent"
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait()
 
 
 # ---------------------------------------------------------------------------- refusal and the opt-in
