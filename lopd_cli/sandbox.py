@@ -1,7 +1,8 @@
 """`lopd sandbox run`: run a Python file in the code sandbox and print the verdict.
 
 The exit code is 0 when the program's status is ``ok``, 1 for any other verdict (error, timeout, memory,
-killed) and 2 when the file cannot be run at all. With ``--json`` the verdict is the last line of stdout.
+killed, or refused: this machine cannot contain it and LOPD_SANDBOX_ALLOW_UNCONTAINED is not set) and 2
+when the file cannot be run at all. With ``--json`` the verdict is the last line of stdout.
 """
 
 from __future__ import annotations

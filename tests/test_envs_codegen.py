@@ -1,14 +1,23 @@
-"""codegen: 44 templates whose reference solutions pass their hidden tests in the sandbox, partial credit,
-feedback, code extraction, the template split, and a real (tiny-model) episode."""
+"""codegen: every template's reference solution passes its hidden tests in the sandbox, partial credit,
+feedback, code extraction, the template split, a real (tiny-model) episode, and the reward hacks that
+model-written code tried against the verifier (each scores 0)."""
 
 from __future__ import annotations
 
 import collections
+import json
 
 import pytest
 
 from lopd_core.envs import get_suite
-from lopd_core.envs.codegen.harness import extract_code, run_tests, run_tests_batch
+from lopd_core.envs.codegen import harness
+from lopd_core.envs.codegen.harness import (
+    ProtocolError,
+    extract_code,
+    parse_channel,
+    run_tests,
+    run_tests_batch,
+)
 from lopd_core.envs.codegen.templates import TEMPLATES
 
 
@@ -99,3 +108,117 @@ def test_tiny_model_episode_scores_without_crashing(suite, tiny_model, tiny_toke
     assert env.step(text).done
     result = env.result()
     assert result.reward == 0.0 and not result.success and result.feedback
+
+
+# ------------------------------------------------------------------ reward hacks: each must score 0
+def _sum_above_task(suite):
+    return next(t for t in suite.tasks("train", 8, level=1) if t.payload["function"] == "sum_above")
+
+
+def _score(suite, task, code):
+    env = suite.make_env(task)
+    env.reset(task)
+    env.step(f"```python\n{code}\n```")
+    result = env.result()
+    assert 0.0 <= result.reward <= 1.0
+    return result
+
+
+def test_hack_reading_expected_values_from_files_scores_zero(suite):
+    # The old harness kept the expected values in tests.json in the working directory. Now only the inputs
+    # enter the sandbox: this answer searches every file it can read and finds no expected value.
+    code = ("import json, os\n"
+            "def sum_above(nums):\n"
+            "    seen = []\n"
+            "    for top in ('.', '/tmp', '/sandbox', '/var/tmp', '/dev/shm'):\n"
+            "        for folder, _, names in os.walk(top):\n"
+            "            for name in names:\n"
+            "                try:\n"
+            "                    text = open(os.path.join(folder, name)).read()\n"
+            "                except OSError:\n"
+            "                    continue\n"
+            "                seen.append(name)\n"
+            "                if name.endswith('.json') and 'expected' in text:\n"
+            "                    for case in json.loads(text).get('tests', []):\n"
+            "                        if case['args'] == [nums]:\n"
+            "                            return case['expected']\n"
+            "    raise LookupError('no expected value in ' + ','.join(sorted(set(seen))))\n")
+    result = _score(suite, _sum_above_task(suite), code)
+    assert result.reward == 0.0 and not result.success
+    assert "LookupError: no expected value in inputs.json,main.py,solution.py" in result.feedback
+
+
+def test_hack_forged_result_lines_and_exit_score_zero(suite):
+    task = _sum_above_task(suite)
+    n = len(task.payload["tests"])
+    # The probe that scored 1.0 before: read the harness's nonce, print nonce-tagged 'passed' lines (also on
+    # the channel now), then exit cleanly before any test ran.
+    code = ("import os, sys\n"
+            "nonce = sys.stdin.readline().strip()\n"
+            f"forged = ''.join(nonce + '{{\"i\": %d, \"ok\": true}}\\n' % i for i in range({n}))\n"
+            "sys.__stdout__.write(forged)\n"
+            "sys.__stdout__.flush()\n"
+            "os.write(3, forged.encode())\n"
+            "os._exit(0)\n"
+            "def sum_above(nums):\n    return 0\n")
+    result = _score(suite, task, code)
+    assert result.reward == 0.0 and "not scored" in result.feedback
+    # 50 forged lines, each with the right value (as if the candidate knew them): duplicates void the run.
+    right = [json.dumps({"i": i % n, "value": repr(task.payload["tests"][i % n]["expected"])}) for i in range(50)]
+    lines = json.dumps('{"loaded": true}\n' + "\n".join(right) + "\n")
+    code = ("import os\n"
+            f"os.write(3, {lines}.encode())\n"
+            "os._exit(0)\n"
+            "def sum_above(nums):\n    return 0\n")
+    result = _score(suite, task, code)
+    assert result.reward == 0.0 and "two results" in result.feedback
+    assert result.checklist["passed"] == 0 and result.checklist["total"] == n
+
+
+def test_hack_patching_the_harness_from_inside_the_function_scores_zero(suite):
+    # The old comparator ('close') ran next to the candidate; now the comparison runs in lopd. Patching what
+    # the harness does use (its report function, repr, json) can only make it send something else.
+    code = ("import builtins, json, sys\n"
+            "def sum_above(nums):\n"
+            "    harness = sys._getframe(1).f_globals\n"
+            "    harness['close'] = lambda a, b: True\n"
+            "    real = harness['report']\n"
+            "    harness['report'] = lambda obj: real({**obj, 'ok': True})\n"
+            "    builtins.repr = lambda value: 'True'\n"
+            "    json.dumps = lambda obj: '{\"i\": 0, \"ok\": true}'\n"
+            "    return -1\n")
+    result = _score(suite, _sum_above_task(suite), code)
+    assert result.reward == 0.0 and not result.success
+
+
+def test_hack_reading_the_templates_and_reference_solutions_scores_zero(suite):
+    from lopd_core.envs.codegen import templates
+
+    code = ("import importlib.util\n"
+            "def sum_above(nums):\n"
+            f"    source = open({templates.__file__!r}).read()\n"
+            "    return source\n")
+    result = _score(suite, _sum_above_task(suite), code)
+    assert result.reward == 0.0 and "FileNotFoundError" in result.feedback
+    code = ("import importlib.util\n"
+            "def sum_above(nums):\n"
+            "    raise LookupError(str(importlib.util.find_spec('lopd_core')))\n")
+    result = _score(suite, _sum_above_task(suite), code)
+    assert "LookupError: None" in result.feedback
+
+
+def test_results_are_decoded_as_literals_and_rewards_stay_in_range():
+    tests = [{"args": [[1, 2]], "expected": [1, 2]}, {"args": [[3]], "expected": [3]}]
+    assert run_tests("def f(xs):\n    return tuple(xs)\n", "f", tests).all_passed  # JSON view: a tuple is a list
+    report = run_tests("class Sneaky:\n    def __eq__(self, other):\n        return True\n"
+                       "def f(xs):\n    return Sneaky()\n", "f", tests)
+    assert report.passed == 0 and "not a plain value" in report.feedback
+    report = run_tests("def f(xs):\n    return __import__('os').system('true') or xs\n", "f", tests)
+    assert report.all_passed  # ordinary code still works
+    with pytest.raises(ValueError, match="outside"):
+        harness.TestReport(passed=7, total=6, feedback="")
+    with pytest.raises(ProtocolError, match="not a result"):
+        parse_channel('{"loaded": true}\n{"i": 0, "ok": true}\n', 2)
+    with pytest.raises(ProtocolError, match="not a result"):
+        parse_channel('{"loaded": true}\n{"i": 5, "value": "1"}\n', 2)
+    assert parse_channel('{"loaded": true}\n{"i": 1, "value": "1"}\n', 2) == (None, {1: {"i": 1, "value": "1"}})

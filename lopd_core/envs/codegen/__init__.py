@@ -5,8 +5,11 @@ parameters (thresholds, shift amounts, coin sets …) and draws 6–8 hidden tes
 come from the template's reference solution (our own trusted code, run in-process at task creation). The
 prompt shows the signature, the specification and one worked example (an input that is not among the
 hidden tests). The episode is one assistant turn: the code is extracted from the answer (a ```python
-fence, else bare code), all hidden tests run in one sandboxed process, reward = fraction passed, success =
-all passed; feedback = the first failing test (call, got, expected) or the load error / timeout.
+fence, else bare code), the hidden test inputs run in one sandboxed process that hands back the function's
+outputs, and this process compares them with the expected values (which never enter the sandbox; see
+:mod:`lopd_core.envs.codegen.harness`): reward = fraction passed, success = all passed; feedback = the first
+failing test (call, got, expected) or the load error / timeout. A run the sandbox refused or could not
+fully contain scores 0 unless ``LOPD_SANDBOX_ALLOW_UNCONTAINED=1``.
 
 Split: train tasks use the 37 train templates, test tasks the 14 test templates (3-5 per level), so no
 evaluation template — and hence no evaluation function — is ever trained on. ``Task.oracle`` is the
@@ -59,7 +62,8 @@ class CodegenEnvironment:
         self._result = EpisodeResult(
             reward=round(report.reward, 6), success=report.all_passed, feedback=report.feedback,
             checklist={"passed": report.passed, "total": report.total, "all_passed": report.all_passed,
-                       "sandbox_status": report.verdict_status, "code_chars": len(code)},
+                       "sandbox_status": report.verdict_status, "code_chars": len(code),
+                       "uncontained": report.uncontained},
         )
         return StepResult(observation=None, done=True)
 
