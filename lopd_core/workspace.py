@@ -20,8 +20,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lopd_core.config import WorkspaceConfig
+if TYPE_CHECKING:
+    from lopd_core.config import WorkspaceConfig
 
 DEFAULT_HOME = ".lopd"
 
@@ -61,28 +63,34 @@ class Workspace:
     runs_dir: Path
 
     @classmethod
-    def from_config(cls, cfg) -> Workspace:
-        """Build from a :class:`lopd_core.config.WorkspaceConfig` (empty fields take the defaults under home)."""
-        home = Path(cfg.home).expanduser().resolve() if cfg.home else lopd_home()
+    def from_config(cls, cfg: WorkspaceConfig | None) -> Workspace:
+        """Build from a :class:`lopd_core.config.WorkspaceConfig` (empty fields, or no config, take the defaults
+        under home). Plain attribute reads: this module stays importable with the standard library alone (the
+        sandbox imports it from a bare interpreter)."""
+
+        def field(name: str) -> str:
+            return getattr(cfg, name, "") or ""
+
+        home = Path(field("home")).expanduser().resolve() if field("home") else lopd_home()
 
         def under(value: str, default: str) -> str:
             return value or str(home / default)
 
-        tracking = cfg.mlflow_tracking_uri or f"sqlite:///{home / 'mlflow.db'}"
+        tracking = field("mlflow_tracking_uri") or f"sqlite:///{home / 'mlflow.db'}"
         return cls(
             home=home,
-            models_dir=Path(under(cfg.models_dir, "models")).expanduser().resolve(),
-            lance_uri=under(cfg.lance_uri, "lance"),
+            models_dir=Path(under(field("models_dir"), "models")).expanduser().resolve(),
+            lance_uri=under(field("lance_uri"), "lance"),
             mlflow_tracking_uri=tracking,
-            mlflow_artifacts_uri=under(cfg.mlflow_artifacts_uri, "mlartifacts"),
-            prefect_home=Path(under(cfg.prefect_home, "prefect")).expanduser().resolve(),
-            checkpoints_dir=Path(under(cfg.checkpoints_dir, "checkpoints")).expanduser().resolve(),
+            mlflow_artifacts_uri=under(field("mlflow_artifacts_uri"), "mlartifacts"),
+            prefect_home=Path(under(field("prefect_home"), "prefect")).expanduser().resolve(),
+            checkpoints_dir=Path(under(field("checkpoints_dir"), "checkpoints")).expanduser().resolve(),
             runs_dir=home / "runs",
         )
 
     @classmethod
     def default(cls) -> Workspace:
-        return cls.from_config(WorkspaceConfig())
+        return cls.from_config(None)
 
     def ensure(self) -> Workspace:
         """Create the local directories (remote URIs are left alone)."""
