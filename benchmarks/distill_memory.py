@@ -60,8 +60,9 @@ def _reset_peak() -> bool:
 def build_loss_only(cfg, size, *, full_vocab: bool):
     """The student distillation update alone, with the teacher's top-M (+ tail) or its full distribution."""
     from lopd_core import losses
-    from lopd_core.algorithms.base import clip_and_step, make_adamw, model_logprobs, student_logprobs
     from lopd_core.algorithms.batch import student_batch, to_padded
+    from lopd_core.algorithms.logprobs import model_logprobs, student_logprobs
+    from lopd_core.algorithms.optim import clip_and_step, make_adamw
     from lopd_core.models.policy import build_policy_set
 
     policies = build_policy_set(cfg.model, cfg.distill.lopd, models_dir())

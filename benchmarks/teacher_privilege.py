@@ -34,18 +34,18 @@ RESULTS = Path(__file__).parent / "results"
 
 def token_logprobs(algorithm, rows, experiences) -> list[torch.Tensor]:
     """Per episode, the teacher's log-probs of its assistant tokens (LOPD's teacher phase, without grad)."""
-    from lopd_core.algorithms.base import gather_tokens
+    from lopd_core.algorithms.logprobs import gather_tokens
 
     out = []
     with torch.no_grad():
-        for c in algorithm._chunks(rows, rows, experiences):
+        for c in algorithm._micro_batches(rows, rows, experiences):
             teacher_lp, _ = algorithm._teacher(c.t_batch, c.pairs, c.pair_rows)
             out += _per_row(gather_tokens(teacher_lp, c.targets), c.s_batch.mask, teacher_lp.argmax(-1))
     return out
 
 
 def base_logprobs(policies, rows) -> list[torch.Tensor]:
-    from lopd_core.algorithms.base import gather_tokens, model_logprobs, plain_student_batch
+    from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, plain_student_batch
 
     out = []
     with torch.no_grad():

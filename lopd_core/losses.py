@@ -24,6 +24,7 @@ Conventions used throughout:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -200,10 +201,68 @@ def outcome_signed_margin(delta: Tensor, rewards: Tensor, mask: Tensor) -> Tenso
     return mean_over_rollouts(per_rollout, mask)
 
 
-def token_weighted_margin(delta: Tensor, rewards: Tensor, mask: Tensor) -> Tensor:
-    """``Δ̂ = Σ_i A_i Σ_t δ_it / Σ_i T_i``, the token-weighted batch estimate used by the dual step (detached)."""
-    weighted = (delta.detach() * outcome_advantage(rewards)[..., None] * mask).sum()
-    return weighted / mask.sum().clamp(min=1)
+def token_weighted_margin(delta: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """``Δ̂ = Σ_i A_i Σ_t δ_it / Σ_i T_i``, the token-weighted batch estimate the dual step uses (detached).
+
+    ``advantages`` broadcast against ``delta`` (``[B, 1]`` for padded ``[B, S]`` tensors, or one value per
+    token for flat ones with a mask of ones): micro-batches concatenated flat give the step's estimate.
+    """
+    return (delta.detach() * advantages * mask).sum() / mask.sum().clamp(min=1)
+
+
+def margin_weights(rewards: Tensor) -> Tensor:
+    """Per-rollout weights ``w_i`` with ``Δ = Σ_i w_i · mean_t δ_it`` over a step's rollouts: ``A_i / n``.
+
+    This is :func:`outcome_signed_margin` written as a weighted sum, so that each micro-batch can add its
+    share (its slice of the weights) and the shares sum to the step's Δ.
+    """
+    return outcome_advantage(rewards) / max(rewards.shape[-1], 1)
+
+
+def privilege_margin(delta: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
+    """``Σ_i w_i · (token mean of δ over rollout i)`` for ``delta``/``mask`` ``[B, S]`` and ``weights`` ``[B]``."""
+    return (rollout_token_mean(delta, mask) * weights).sum()
+
+
+@dataclass
+class ComposerObjective:
+    """One micro-batch's share of the composer's loss and of each of its terms (shares add up over a step)."""
+
+    loss: Tensor
+    kl: Tensor
+    margin: Tensor
+    """Its share of Δ (:func:`privilege_margin`)."""
+    anchor: Tensor
+
+
+def composer_objective(kl_tokens: Tensor, delta: Tensor, mask: Tensor, weights: Tensor, *, n_rollouts: int,
+                       beta: float, margin: float, latents: Tensor | None = None,
+                       anchor_latents: Tensor | None = None, anchor_weight: float = 0.0,
+                       n_anchor_values: int = 1) -> ComposerObjective:
+    """LOPD's loss for φ on a micro-batch of ``B`` of the step's ``n_rollouts`` rollouts.
+
+    ``KL + β·(m − Δ) + λ·anchor`` where KL is the per-rollout token mean of ``kl_tokens`` (the top-M + tail
+    ``KL(p̃^S_old ‖ p̃^T)``, teacher side differentiable) averaged over rollouts, Δ the weighted privilege
+    margin with ``weights`` (:func:`margin_weights`) and the anchor the mean squared distance of the latents
+    to the cold-start composer's (over ``n_anchor_values`` elements in the step). Each term is this
+    micro-batch's share of the step's mean, so backpropagating every micro-batch's ``loss`` accumulates the
+    gradient of the whole step. ``margin = 0`` drops the constraint (the paper's ablation); the anchor needs
+    ``latents`` and ``anchor_latents`` (it is 0 without them or with ``anchor_weight = 0``).
+    """
+    if n_rollouts < 1:
+        raise ValueError(f"n_rollouts must be at least 1, got {n_rollouts}")
+    kl = rollout_token_mean(kl_tokens, mask).sum() / n_rollouts
+    margin_share = privilege_margin(delta, mask, weights)
+    loss = kl
+    if margin > 0:
+        loss = loss + beta * (margin * mask.shape[0] / n_rollouts - margin_share)
+    anchor = kl.new_zeros(())
+    if anchor_weight > 0 and latents is not None and anchor_latents is not None:
+        if latents.shape != anchor_latents.shape:
+            raise ValueError(f"latents {tuple(latents.shape)} and anchor latents {tuple(anchor_latents.shape)} differ")
+        anchor = (latents - anchor_latents.detach()).pow(2).sum() / n_anchor_values
+        loss = loss + anchor_weight * anchor
+    return ComposerObjective(loss=loss, kl=kl, margin=margin_share, anchor=anchor)
 
 
 def latent_anchor(latents: Tensor, anchor_latents: Tensor) -> Tensor:

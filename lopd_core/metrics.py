@@ -79,3 +79,25 @@ class MultiLogger:
     def log(self, metrics: Mapping[str, Any], *, step: int) -> None:
         for logger in self.loggers:
             logger.log(metrics, step=step)
+
+
+class Timer:
+    """Wall-clock seconds per named phase (``with timer('teacher'): …``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Phase:
+            def __enter__(self):
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.start
+
+        return _Phase()
+
+    def total(self) -> float:
+        return sum(self.seconds.values())

@@ -8,14 +8,9 @@ import pytest
 import torch
 
 from lopd_core.algorithms import NoUpdate, make_algorithm
-from lopd_core.algorithms.base import (
-    StepInputs,
-    gather_tokens,
-    model_logprobs,
-    plain_student_batch,
-    student_logprobs,
-)
+from lopd_core.algorithms.base import StepInputs
 from lopd_core.algorithms.context import sdpo_context
+from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, plain_student_batch, student_logprobs
 from lopd_core.algorithms.skill_sd import SkillBank, template_skill
 from lopd_core.algorithms.synthetic import experience_of, make_trajectory, task_of
 from lopd_core.config import load_config

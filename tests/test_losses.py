@@ -136,10 +136,47 @@ def test_privilege_margin_and_dual_step():
     margin.backward()
     assert student.grad is None and teacher.grad.abs().sum() > 0
     uneven = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    hat = L.token_weighted_margin(torch.ones(2, 3), rewards, uneven)
+    hat = L.token_weighted_margin(torch.ones(2, 3), L.outcome_advantage(rewards)[:, None], uneven)
     assert hat.item() == pytest.approx((3 - 1) / 4)
     assert L.dual_ascent(0.0, 0.0, margin=0.05, lr=0.5) == pytest.approx(0.025)
     assert L.dual_ascent(0.01, 1.0, margin=0.05, lr=0.5) == 0.0
+
+
+def test_the_weighted_margin_is_the_outcome_signed_margin_and_micro_batch_shares_add_up():
+    torch.manual_seed(0)
+    delta, rewards = torch.randn(5, 7), torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0])
+    mask = (torch.rand(5, 7) > 0.3).float()
+    mask[:, 0] = 1.0
+    weights = L.margin_weights(rewards)
+    whole = L.privilege_margin(delta, mask, weights)
+    torch.testing.assert_close(whole, L.outcome_signed_margin(delta, rewards, mask))
+    shares = L.privilege_margin(delta[:2], mask[:2], weights[:2]) + L.privilege_margin(delta[2:], mask[2:], weights[2:])
+    torch.testing.assert_close(shares, whole)
+
+
+def test_composer_objective_is_kl_plus_margin_plus_anchor_and_splits_over_micro_batches():
+    torch.manual_seed(1)
+    kl, delta = torch.rand(4, 6), torch.randn(4, 6, requires_grad=True)
+    mask = torch.ones(4, 6)
+    mask[3, 4:] = 0.0
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    latents, anchor = torch.randn(8, 3, requires_grad=True), torch.randn(8, 3)
+    weights = L.margin_weights(rewards)
+    kw = dict(n_rollouts=4, beta=0.7, margin=0.05, anchor_weight=0.2, n_anchor_values=latents.numel())
+    full = L.composer_objective(kl, delta, mask, weights, latents=latents, anchor_latents=anchor, **kw)
+    expected_kl = L.mean_over_rollouts(L.rollout_token_mean(kl, mask), mask)
+    expected = expected_kl + 0.7 * (0.05 - L.outcome_signed_margin(delta, rewards, mask)) + \
+        0.2 * L.latent_anchor(latents, anchor)
+    torch.testing.assert_close(full.loss, expected)
+    halves = [L.composer_objective(kl[s], delta[s], mask[s], weights[s], latents=latents[t], anchor_latents=anchor[t],
+                                   **kw) for s, t in ((slice(0, 2), slice(0, 4)), (slice(2, 4), slice(4, 8)))]
+    torch.testing.assert_close(halves[0].loss + halves[1].loss, full.loss)
+    full.loss.backward()
+    assert delta.grad.abs().sum() > 0 and latents.grad.abs().sum() > 0
+    no_margin = L.composer_objective(kl, delta, mask, weights, n_rollouts=4, beta=0.7, margin=0.0)
+    torch.testing.assert_close(no_margin.loss, expected_kl)
+    with pytest.raises(ValueError, match="n_rollouts"):
+        L.composer_objective(kl, delta, mask, weights, n_rollouts=0, beta=0.0, margin=0.0)
 
 
 def test_anchor_and_reductions():

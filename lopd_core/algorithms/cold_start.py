@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from lopd_core.algorithms.base import Timer, gather_tokens
 from lopd_core.algorithms.batch import teacher_batch
+from lopd_core.algorithms.logprobs import gather_tokens
 from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prefix
+from lopd_core.metrics import Timer
 from lopd_core.models.composer import ComposerPair, ComposerState
 from lopd_core.models.latent import latent_prompt
 from lopd_core.models.policy import ENCODER, PolicySet

@@ -17,20 +17,17 @@ from typing import Any
 import torch
 
 from lopd_core import losses
-from lopd_core.algorithms.base import (
-    StepInputs,
-    Timer,
-    clip_and_step,
+from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollouts
+from lopd_core.algorithms.batch import to_padded
+from lopd_core.algorithms.logprobs import (
     gather_tokens,
-    make_adamw,
     micro_batches,
     plain_student_batch,
     rewards_tensor,
-    skipped_metrics,
     student_logprobs,
-    usable_rollouts,
 )
-from lopd_core.algorithms.batch import to_padded
+from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.metrics import Timer
 
 
 def group_advantages(inputs: StepInputs, usable: list[int], device) -> torch.Tensor:

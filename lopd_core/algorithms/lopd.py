@@ -34,19 +34,11 @@ import torch
 from torch import Tensor
 
 from lopd_core import losses
-from lopd_core.algorithms.base import (
-    StepInputs,
-    Timer,
-    clip_and_step,
-    gather_tokens,
-    make_adamw,
-    model_logprobs,
-    rewards_tensor,
-    skipped_metrics,
-    student_logprobs,
-    usable_rollouts,
-)
+from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollouts
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch, to_padded
+from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, rewards_tensor, student_logprobs
+from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.metrics import Timer
 from lopd_core.models.composer import (
     ComposerPair,
     ComposerState,
@@ -138,10 +130,9 @@ def composer_parameters(policies: PolicySet, composer: ComposerState) -> list[to
     return [*policies.adapter_parameters(ENCODER), *composer.compressor.parameters()]
 
 
-@dataclass
-class _Chunk:
-    """One micro-batch of rollouts and what each phase leaves for the next (all detached, except ``teacher_lp``
-    and ``latents`` when the teacher forward is reused)."""
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch of rollouts: its teacher and student sequences and the composer's (task, experience) pairs."""
 
     t_batch: SequenceBatch
     s_batch: SequenceBatch
@@ -149,14 +140,30 @@ class _Chunk:
     pair_rows: list[list[int]]
     rewards: Tensor
     targets: Tensor
+    """The supervised token ids, flat in mask order."""
+    rows: slice
+    """Which of the step's rollouts these are."""
     prefix: TeacherPrefix | None = None
-    teacher_topm_logprobs: Tensor | None = None
-    teacher_topm_ids: Tensor | None = None
-    teacher_token_lp: Tensor | None = None
-    teacher_lp: Tensor | None = None
+
+
+@dataclass
+class TeacherOutput:
+    """What the teacher phase leaves for the others (detached, except the reused forward's graph)."""
+
+    topm_ids: Tensor
+    topm_logprobs: Tensor
+    token_logprobs: Tensor
+    logprobs: Tensor | None = None
+    """``[N, V]`` with the composer graph: only when the composer phase reuses this forward."""
     latents: Tensor | None = None
-    student_topm_old: Tensor | None = None
-    student_token_old: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class StudentOutput:
+    """The pre-update student on the teacher's top-M ids and at the sampled tokens (detached)."""
+
+    topm_logprobs: Tensor
+    token_logprobs: Tensor
 
 
 class LOPD:
@@ -205,23 +212,24 @@ class LOPD:
                                        max_tokens=self.lopd.experience_max_tokens,
                                        micro_batch=self.lopd.encoder_micro_batch, prefix=prefix)
 
-    def _chunks(self, rows, tasks, experiences) -> list[_Chunk]:
+    def _micro_batches(self, rows, tasks, experiences) -> list[MicroBatch]:
         """Micro-batches of ``distill.micro_batch`` rollouts, each with its own teacher and student tensors."""
         pad, device = self.policies.tokenizer.pad_token_id, self.policies.device
         size = self.cfg.micro_batch or len(rows)
-        chunks = []
+        out = []
         for start in range(0, len(rows), size):
-            part = slice(start, start + size)
+            part = slice(start, min(start + size, len(rows)))
             prompts, pairs, pair_rows = self._prompts_and_pairs(rows[part], tasks[part], experiences[part])
             t_batch = teacher_batch(rows[part], prompts, pad_id=pad, device=device)
             s_batch = student_batch(rows[part], pad_id=pad, device=device)
-            chunks.append(_Chunk(t_batch=t_batch, s_batch=s_batch, pairs=pairs, pair_rows=pair_rows,
-                                 rewards=rewards_tensor(rows[part], device),
-                                 targets=s_batch.target_ids[s_batch.mask.bool()]))
-        return chunks
+            prefix = teacher_prefix(self.policies, t_batch) if self.uses_latents and self.lopd.teacher_prefix_cache else None
+            out.append(MicroBatch(t_batch=t_batch, s_batch=s_batch, pairs=pairs, pair_rows=pair_rows,
+                                  rewards=rewards_tensor(rows[part], device),
+                                  targets=s_batch.target_ids[s_batch.mask.bool()], rows=part, prefix=prefix))
+        return out
 
     def step(self, inputs: StepInputs) -> dict[str, Any]:
-        cfg, lopd, policies = self.cfg, self.lopd, self.policies
+        lopd, policies = self.lopd, self.policies
         timer = Timer()
         usable = usable_rollouts(inputs.trajectories)
         chosen = [i for i in usable if inputs.retrieved[i]]
@@ -231,43 +239,25 @@ class LOPD:
             return {**metrics, "distill/updated": 0.0, "distill/beta": self.beta}
         rows = [inputs.trajectories[i] for i in chosen]
         experiences = [inputs.retrieved[i][: lopd.n_retrieved] for i in chosen]
-        chunks = self._chunks(rows, [inputs.tasks[i] for i in chosen], experiences)
-        n_tokens = sum(c.s_batch.n_tokens for c in chunks)
+        with timer("teacher"):  # the prefix caches of the teacher prompts are built here
+            batches = self._micro_batches(rows, [inputs.tasks[i] for i in chosen], experiences)
+        n_tokens = sum(b.s_batch.n_tokens for b in batches)
         # reusing the teacher forward keeps its graph through the student phase: only without micro-batches
-        fused = lopd.reuse_teacher_forward and self.composer_trainable and len(chunks) == 1
+        fused = lopd.reuse_teacher_forward and self.composer_trainable and len(batches) == 1
 
         # --- teacher phase: top-M ids and log-probs at every supervised position (no grad) -------------
         with timer("teacher"):
             policies.train_mode(fused)
-            for c in chunks:
-                c.prefix = teacher_prefix(policies, c.t_batch) if self.uses_latents and lopd.teacher_prefix_cache else None
-                with torch.set_grad_enabled(fused):
-                    teacher_lp, latents = self._teacher(c.t_batch, c.pairs, c.pair_rows, c.prefix)
-                c.teacher_topm_logprobs, c.teacher_topm_ids = teacher_lp.detach().topk(cfg.top_m, dim=-1)
-                c.teacher_token_lp = gather_tokens(teacher_lp.detach(), c.targets)
-                if fused:  # otherwise only the top-M survives the teacher phase; the [N, V] log-probs are freed
-                    c.teacher_lp, c.latents = teacher_lp, latents
-                del teacher_lp, latents
+            teacher = [self._teacher_phase(b, keep_graph=fused) for b in batches]
 
         # --- student phase: top-M + tail reverse KL, global token mean, one optimizer step -------------
         with timer("student"):
             policies.train_mode(True)
-            student_loss = 0.0
-            for c in chunks:  # Σ over micro-batches of (their KL sum / all supervised tokens): the global mean
-                s_lp = student_logprobs(policies, c.s_batch)
-                student_topm = s_lp.gather(-1, c.teacher_topm_ids)
-                kl = losses.topm_tail_reverse_kl(student_topm, c.teacher_topm_logprobs, grad_to="student")
-                loss = kl.sum() / n_tokens
-                loss.backward()
-                student_loss += float(loss.detach())
-                c.student_topm_old = student_topm.detach()
-                c.student_token_old = gather_tokens(s_lp.detach(), c.targets)
-                del s_lp, student_topm, kl, loss
-            student_grad_norm = clip_and_step(policies.student_parameters(), self.student_optimizer, max_norm=cfg.grad_clip)
+            student, student_loss, student_grad_norm = self._student_phase(batches, teacher, n_tokens=n_tokens)
 
         # --- composer phase: KL on the same ids + β(m − Δ) + λ·anchor, one optimizer step on φ ------------
         with timer("composer"):
-            composer_metrics = self._composer_phase(chunks, n_rollouts=len(rows), fused=fused)
+            composer_metrics = self._composer_phase(batches, teacher, student, n_rollouts=len(rows))
         policies.train_mode(False)
 
         # --- dual step on β (Δ̂ from the composer-phase forward, before the φ step) --------------------
@@ -275,7 +265,7 @@ class LOPD:
             self.composer.beta = losses.dual_ascent(self.composer.beta, composer_metrics["distill/privilege_delta"],
                                                     margin=lopd.margin, lr=lopd.dual_lr)
 
-        tail = sum(float((1.0 - c.teacher_topm_logprobs.exp().sum(-1)).sum()) for c in chunks) / max(n_tokens, 1)
+        tail = sum(float((1.0 - t.topm_logprobs.exp().sum(-1)).sum()) for t in teacher) / max(n_tokens, 1)
         seconds = timer.total()
         return {
             **metrics, **composer_metrics,
@@ -284,9 +274,9 @@ class LOPD:
             "distill/student_grad_norm": student_grad_norm,
             "distill/beta": self.beta,
             "distill/supervised_tokens": float(n_tokens),
-            "distill/teacher_tokens": float(sum(c.t_batch.n_positions for c in chunks)),
+            "distill/teacher_tokens": float(sum(b.t_batch.n_positions for b in batches)),
             "distill/teacher_tail_mass": tail,
-            "distill/micro_batches": float(len(chunks)),
+            "distill/micro_batches": float(len(batches)),
             "distill/mean_experiences": sum(map(len, experiences)) / len(experiences),
             "distill/time_teacher_s": timer.seconds.get("teacher", 0.0),
             "distill/time_student_s": timer.seconds.get("student", 0.0),
@@ -294,53 +284,87 @@ class LOPD:
             "distill/tokens_per_s": n_tokens / max(seconds, 1e-9),
         }
 
-    def _composer_phase(self, chunks: list[_Chunk], *, n_rollouts: int, fused: bool) -> dict[str, float]:
-        """Per micro-batch: its share of the composer loss (each term is a sum over rollouts / all rollouts)."""
-        lopd, beta = self.lopd, self.beta
-        n_latent_values = sum(len(c.pairs) for c in chunks) * lopd.n_latents * (self.composer.compressor.spec.hidden_size
-                                                                            if self.composer is not None else 0)
-        totals = dict.fromkeys(("kl", "margin", "anchor", "loss", "weighted", "tokens", "latent_sq"), 0.0)
-        for c in chunks:
-            mask, advantage = c.s_batch.mask, losses.outcome_advantage(c.rewards)[:, None]
-            if not self.composer_trainable:  # frozen composer / text context: measure Δ, train nothing
-                delta = to_padded(losses.privilege_delta(c.teacher_token_lp, c.student_token_old), mask)
+    def _teacher_phase(self, batch: MicroBatch, *, keep_graph: bool) -> TeacherOutput:
+        """The teacher's top-M support and its log-prob of the sampled tokens (the ``[N, V]`` log-probs are
+        freed unless the composer phase reuses this forward)."""
+        with torch.set_grad_enabled(keep_graph):
+            logprobs, latents = self._teacher(batch.t_batch, batch.pairs, batch.pair_rows, batch.prefix)
+        topm_logprobs, topm_ids = logprobs.detach().topk(self.cfg.top_m, dim=-1)
+        out = TeacherOutput(topm_ids=topm_ids, topm_logprobs=topm_logprobs,
+                            token_logprobs=gather_tokens(logprobs.detach(), batch.targets))
+        if keep_graph:
+            out.logprobs, out.latents = logprobs, latents
+        return out
+
+    def _student_phase(self, batches: list[MicroBatch], teacher: list[TeacherOutput], *,
+                       n_tokens: int) -> tuple[list[StudentOutput], float, float]:
+        """One optimizer step on the student; returns the pre-update student outputs, the loss and the grad norm."""
+        outputs, total = [], 0.0
+        for batch, t in zip(batches, teacher, strict=True):  # Σ (micro-batch KL sum / all tokens): the global mean
+            s_lp = student_logprobs(self.policies, batch.s_batch)
+            student_topm = s_lp.gather(-1, t.topm_ids)
+            kl = losses.topm_tail_reverse_kl(student_topm, t.topm_logprobs, grad_to="student")
+            loss = kl.sum() / n_tokens
+            loss.backward()
+            total += float(loss.detach())
+            outputs.append(StudentOutput(topm_logprobs=student_topm.detach(),
+                                         token_logprobs=gather_tokens(s_lp.detach(), batch.targets)))
+            del s_lp, student_topm, kl, loss
+        grad_norm = clip_and_step(self.policies.student_parameters(), self.student_optimizer, max_norm=self.cfg.grad_clip)
+        return outputs, total, grad_norm
+
+    def _composer_phase(self, batches: list[MicroBatch], teacher: list[TeacherOutput], student: list[StudentOutput],
+                        *, n_rollouts: int) -> dict[str, float]:
+        """Per micro-batch its share of :func:`lopd_core.losses.composer_objective`, then one step on φ.
+
+        Without a trainable composer (frozen φ, text context) it only measures Δ from the teacher phase."""
+        lopd = self.lopd
+        weights = losses.margin_weights(torch.cat([b.rewards for b in batches]))
+        n_anchor = sum(len(b.pairs) for b in batches) * lopd.n_latents * (self.composer.compressor.spec.hidden_size
+                                                                          if self.composer is not None else 0)
+        totals = dict.fromkeys(("kl", "margin", "anchor", "loss", "latent_sq"), 0.0)
+        flat_delta, flat_advantage = [], []
+        for batch, t, s_out in zip(batches, teacher, student, strict=True):
+            mask = batch.s_batch.mask
+            if not self.composer_trainable:
+                delta = to_padded(losses.privilege_delta(t.token_logprobs, s_out.token_logprobs), mask)
+                totals["margin"] += float(losses.privilege_margin(delta, mask, weights[batch.rows]))
             else:
-                teacher_lp, latents = c.teacher_lp, c.latents
-                if not fused:
-                    teacher_lp, latents = self._teacher(c.t_batch, c.pairs, c.pair_rows, c.prefix)
-                teacher_topm = teacher_lp.gather(-1, c.teacher_topm_ids)
-                kl_tokens = losses.topm_tail_reverse_kl(c.student_topm_old, teacher_topm, grad_to="teacher")
-                composer_kl = losses.rollout_token_mean(to_padded(kl_tokens, mask), mask).sum() / n_rollouts
-                delta = to_padded(losses.privilege_delta(gather_tokens(teacher_lp, c.targets), c.student_token_old), mask)
-                margin_part = losses.rollout_token_mean(delta * advantage, mask).sum() / n_rollouts
-                loss = composer_kl
-                if lopd.margin > 0:
-                    loss = loss + beta * (lopd.margin * mask.shape[0] / n_rollouts - margin_part)
-                anchor = torch.zeros((), device=loss.device)
+                logprobs, latents = t.logprobs, t.latents
+                if logprobs is None:
+                    logprobs, latents = self._teacher(batch.t_batch, batch.pairs, batch.pair_rows, batch.prefix)
+                kl_tokens = losses.topm_tail_reverse_kl(s_out.topm_logprobs, logprobs.gather(-1, t.topm_ids),
+                                                        grad_to="teacher")
+                delta = to_padded(losses.privilege_delta(gather_tokens(logprobs, batch.targets), s_out.token_logprobs),
+                                  mask)
+                anchor_target = None
                 if lopd.anchor_weight > 0 and self.composer.has_phi0:
-                    anchor_target = anchor_latents(self.policies, self.composer, c.pairs, max_tokens=lopd.experience_max_tokens)
-                    anchor = (latents - anchor_target.detach()).pow(2).sum() / n_latent_values
-                    loss = loss + lopd.anchor_weight * anchor
+                    anchor_target = anchor_latents(self.policies, self.composer, batch.pairs,
+                                                   max_tokens=lopd.experience_max_tokens)
+                objective = losses.composer_objective(
+                    to_padded(kl_tokens, mask), delta, mask, weights[batch.rows], n_rollouts=n_rollouts, beta=self.beta,
+                    margin=lopd.margin, latents=latents, anchor_latents=anchor_target, anchor_weight=lopd.anchor_weight,
+                    n_anchor_values=max(n_anchor, 1))
                 with self.policies.composer_backward(latents):
-                    loss.backward()
-                totals["kl"] += _scalar(composer_kl)
-                totals["anchor"] += _scalar(anchor)
-                totals["loss"] += _scalar(loss)
+                    objective.loss.backward()
+                for key in ("kl", "margin", "anchor", "loss"):
+                    totals[key] += _scalar(getattr(objective, key))
                 totals["latent_sq"] += float(latents.detach().pow(2).sum())
-                c.teacher_lp = c.latents = None
-                del teacher_lp, latents, loss
-            totals["margin"] += float(losses.rollout_token_mean(delta.detach() * advantage, mask).sum()) / n_rollouts
-            totals["weighted"] += float((delta.detach() * advantage * mask).sum())
-            totals["tokens"] += float(mask.sum())
-        out = {"distill/privilege_delta": totals["weighted"] / max(totals["tokens"], 1.0),
-               "distill/margin_delta": totals["margin"], "distill/composer_updated": float(self.composer_trainable)}
+                t.logprobs = t.latents = None
+                del logprobs, latents, objective
+            flat_delta.append(delta.detach()[mask.bool()])
+            flat_advantage.append(losses.outcome_advantage(batch.rewards)[:, None].expand_as(mask)[mask.bool()])
+        delta_hat = losses.token_weighted_margin(torch.cat(flat_delta), torch.cat(flat_advantage),
+                                                 torch.ones(sum(len(d) for d in flat_delta), device=weights.device))
+        out = {"distill/privilege_delta": float(delta_hat), "distill/margin_delta": totals["margin"],
+               "distill/composer_updated": float(self.composer_trainable)}
         if not self.composer_trainable:
             return out
         grad_norm = clip_and_step(composer_parameters(self.policies, self.composer), self.composer_optimizer,
                                   max_norm=self.cfg.grad_clip)
         return {**out, "distill/composer_kl": totals["kl"], "distill/anchor": totals["anchor"],
                 "distill/composer_loss": totals["loss"], "distill/composer_grad_norm": grad_norm,
-                "distill/latent_rms": (totals["latent_sq"] / max(n_latent_values, 1)) ** 0.5,
+                "distill/latent_rms": (totals["latent_sq"] / max(n_anchor, 1)) ** 0.5,
                 "distill/anchor_cache_size": float(len(self.composer.anchor_cache))}
 
     # ----------------------------------------------------------------------------------------------

@@ -18,18 +18,11 @@ from typing import Any
 import torch
 
 from lopd_core import losses
-from lopd_core.algorithms.base import (
-    StepInputs,
-    Timer,
-    clip_and_step,
-    make_adamw,
-    model_logprobs,
-    paired_micro_batches,
-    skipped_metrics,
-    student_logprobs,
-    usable_rollouts,
-)
+from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollouts
 from lopd_core.algorithms.context import opsd_reference
+from lopd_core.algorithms.logprobs import model_logprobs, paired_micro_batches, student_logprobs
+from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.metrics import Timer
 from lopd_core.models.latent import system_reference_prompt
 
 

@@ -21,19 +21,16 @@ from typing import Any
 import torch
 
 from lopd_core import losses
-from lopd_core.algorithms.base import (
-    StepInputs,
-    Timer,
-    clip_and_step,
+from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollouts
+from lopd_core.algorithms.context import SDPO_FRAMING_BEFORE, sdpo_context
+from lopd_core.algorithms.logprobs import (
     gather_tokens,
-    make_adamw,
     model_logprobs,
     paired_micro_batches,
-    skipped_metrics,
     student_logprobs,
-    usable_rollouts,
 )
-from lopd_core.algorithms.context import SDPO_FRAMING_BEFORE, sdpo_context
+from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.metrics import Timer
 from lopd_core.models.latent import text_context_prompt
 from lopd_core.models.policy import STUDENT, STUDENT_EMA, PolicySet, hidden_states, logprobs_at
 

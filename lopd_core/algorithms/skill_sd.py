@@ -29,22 +29,19 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from lopd_core import losses
-from lopd_core.algorithms.base import (
-    StepInputs,
-    Timer,
-    clip_and_step,
-    gather_tokens,
-    make_adamw,
-    micro_batches,
-    model_logprobs,
-    paired_micro_batches,
-    skipped_metrics,
-    student_logprobs,
-    usable_rollouts,
-)
+from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollouts
 from lopd_core.algorithms.batch import to_padded
 from lopd_core.algorithms.context import truncate_tokens
 from lopd_core.algorithms.grpo import group_advantages
+from lopd_core.algorithms.logprobs import (
+    gather_tokens,
+    micro_batches,
+    model_logprobs,
+    paired_micro_batches,
+    student_logprobs,
+)
+from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.metrics import Timer
 from lopd_core.models.composer import experience_trajectory_text
 from lopd_core.models.latent import TeacherPrompt, text_context_prompt
 from lopd_core.models.policy import STUDENT, hidden_states, logprobs_at
@@ -238,7 +235,7 @@ class SkillSD:
             if members:
                 delta = pad_sequence([deltas[n] for n in members], batch_first=True)
                 mask = pad_sequence([masks[n] for n in members], batch_first=True)
-                value = float(losses.token_weighted_margin(delta, rewards[members], mask))
+                value = float(losses.token_weighted_margin(delta, losses.outcome_advantage(rewards[members])[:, None], mask))
                 arm_reward = 0.5 * (1.0 + math.tanh(value))
                 self.bank.update(skill, arm_reward)
                 arm_rewards.append(arm_reward)
