@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lopd_core.config import Config
 from lopd_core.models.composer import save_composer
 
 MANIFEST = "manifest.json"
@@ -101,7 +102,7 @@ def preserved_rng():
         set_rng_state(state)
 
 
-def save_checkpoint(run_dir: Path, *, step: int, policies, algorithm, cfg, cursor: int, composer=None,
+def save_checkpoint(run_dir: Path, *, step: int, policies, algorithm, cfg: Config, cursor: int, composer=None,
                     table_version: int | None = None, budget: dict[str, float] | None = None,
                     extra: dict[str, Any] | None = None, keep: int = 2) -> Path:
     """Write ``run_dir/step_<step>/`` atomically and prune to the newest ``keep``; returns the directory."""

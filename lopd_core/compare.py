@@ -111,7 +111,7 @@ def run_specs(methods: list[str], seeds: int, *, ablations: list[str] | None = N
 class Comparison:
     """One comparison on one suite: shared bank + cold starts, then the runs; everything under ``root``."""
 
-    def __init__(self, cfg, *, suite: str, budget: int, root: Path, eval_every: int | None = None,
+    def __init__(self, cfg: Config, *, suite: str, budget: int, root: Path, eval_every: int | None = None,
                  eval_tasks: int | None = None, seed_episodes: int | None = None, log=print):
         self.log = log
         self.suite_name = suite
@@ -347,7 +347,7 @@ def parse_seeds_for(value: str) -> dict[str, int]:
     return seeds
 
 
-def plan_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
+def plan_comparison(cfg: Config, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
                     ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
                     eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
                     log=print, record: bool = True) -> tuple[Comparison, list[RunSpec]]:
@@ -366,7 +366,7 @@ def plan_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: 
     return comp, specs
 
 
-def run_comparison(cfg, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
+def run_comparison(cfg: Config, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
                    ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
                    eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
                    log=print, report_only: bool = False) -> dict[str, Any]:

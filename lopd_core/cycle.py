@@ -32,6 +32,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from lopd_core.config import Config
 from lopd_core.envs import get_suite
 from lopd_core.evaluation import episode_metrics
 from lopd_core.memory.curation import curate_store
@@ -101,7 +102,7 @@ class MlflowMetricLogger:
 class CycleContext:
     """Everything a stage needs, created lazily: workspace, store, registry, suite, the cycle record."""
 
-    def __init__(self, cfg, cycle_id: str, *, flow_run_id: str = ""):
+    def __init__(self, cfg: Config, cycle_id: str, *, flow_run_id: str = ""):
         if not cycle_id or "/" in cycle_id or "'" in cycle_id:
             raise ValueError(f"cycle id {cycle_id!r} must be non-empty and contain neither '/' nor quotes")
         self.cycle_id = cycle_id
@@ -154,7 +155,7 @@ class CycleContext:
         return result
 
 
-def _params(cfg, cycle_id: str) -> dict[str, Any]:
+def _params(cfg: Config, cycle_id: str) -> dict[str, Any]:
     return {"cycle_id": cycle_id, "profile": cfg.name, "suite": cfg.rollout.suite, "method": cfg.distill.method,
             "base_model": cfg.model.base, "student": cfg.model.student, "steps": cfg.distill.steps,
             "tasks_per_step": cfg.distill.tasks_per_step, "config_hash": cfg.hash()}
@@ -347,7 +348,7 @@ STAGE_FUNCTIONS = {"rollouts": stage_rollouts, "curate": stage_curate, "index": 
                    "distill": stage_distill, "evaluate": stage_evaluate, "promote": stage_promote}
 
 
-def run_stage(cfg, cycle_id: str, stage: str, *, flow_run_id: str = "") -> dict[str, Any]:
+def run_stage(cfg: Config, cycle_id: str, stage: str, *, flow_run_id: str = "") -> dict[str, Any]:
     """Run one stage of a cycle (what every flow task calls)."""
     ctx = CycleContext(cfg, cycle_id, flow_run_id=flow_run_id)
     return ctx.run_stage(stage, STAGE_FUNCTIONS[stage])
@@ -355,7 +356,7 @@ def run_stage(cfg, cycle_id: str, stage: str, *, flow_run_id: str = "") -> dict[
 
 # --------------------------------------------------------------------------------------------------
 # Reporting
-def cycle_summary(cfg, cycle_id: str) -> dict[str, Any]:
+def cycle_summary(cfg: Config, cycle_id: str) -> dict[str, Any]:
     """The cycle's recorded results in one small dict (the `lopd cycle --json` payload)."""
     ctx = CycleContext(cfg, cycle_id)
     st = ctx.record.stages

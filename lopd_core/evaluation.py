@@ -164,7 +164,7 @@ def cached_references(cache_file: Path, base_model, tokenizer, prompts: list[str
 
 
 # --------------------------------------------------------------------------------------------------
-def evaluate(student: Scope, tokenizer, *, cfg, suite_name: str, policy_version: str, base: Scope | None = None,
+def evaluate(student: Scope, tokenizer, *, cfg: Config, suite_name: str, policy_version: str, base: Scope | None = None,
              reference_cache: Path | None = None, progress: bool = False, with_probe: bool = True,
              cycle_id: str = "") -> EvalResult:
     """Held-out success + drift metrics on ``suite_name``, and (``with_probe``) the forgetting probe.

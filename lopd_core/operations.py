@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lopd_core.config import Config
 from lopd_core.cycle import CycleContext, _evaluate_student, _policies
 from lopd_core.memory.curation import curate_store
 from lopd_core.memory.indexing import index_store
-from lopd_core.registry import PairVersion, decide_promotion, is_base_marker
+from lopd_core.registry import ModelRegistry, PairVersion, decide_promotion, is_base_marker
 from lopd_core.workspace import Workspace
 
 
-def _ops_context(cfg, name: str) -> CycleContext:
+def _ops_context(cfg: Config, name: str) -> CycleContext:
     return CycleContext(cfg, name)
 
 
@@ -40,7 +41,7 @@ def resolve_version(registry, ref: str) -> tuple[str, str]:
     return ref, versions[ref]["tags"].get("paired_with", "")
 
 
-def evaluate_version(cfg, ref: str = "champion") -> dict[str, Any]:
+def evaluate_version(cfg: Config, ref: str = "champion") -> dict[str, Any]:
     """Held-out evaluation of one registered student version (tags it with ``eval_summary``)."""
 
     ctx = _ops_context(cfg, f"eval-{ref}")
@@ -58,14 +59,14 @@ def evaluate_version(cfg, ref: str = "champion") -> dict[str, Any]:
     return {"student_version": student, "composer_version": composer, "metrics": metrics, "mlflow_run_id": run_id}
 
 
-def _summary(registry, cfg, student: str) -> dict[str, float]:
+def _summary(registry: ModelRegistry, cfg: Config, student: str) -> dict[str, float]:
     tags = registry.version_tags("student", student)
     if "eval_summary" in tags:
         return json.loads(tags["eval_summary"])
     return evaluate_version(cfg, student)["metrics"]
 
 
-def promote_challenger(cfg, *, flow_run_id: str = "") -> dict[str, Any]:
+def promote_challenger(cfg: Config, *, flow_run_id: str = "") -> dict[str, Any]:
     """The gate on @challenger vs @champion (evaluating whichever has no stored summary)."""
 
     ctx = _ops_context(cfg, "promote")
@@ -83,19 +84,19 @@ def promote_challenger(cfg, *, flow_run_id: str = "") -> dict[str, Any]:
             "champion": ctx.registry.champion().student}
 
 
-def rollback(cfg) -> dict[str, Any]:
+def rollback(cfg: Config) -> dict[str, Any]:
     ctx = _ops_context(cfg, "rollback")
     old, new = ctx.registry.rollback()
     return {"rolled_back": {"student": old.student, "composer": old.composer},
             "champion": {"student": new.student, "composer": new.composer}}
 
 
-def list_cycles(cfg) -> list[str]:
+def list_cycles(cfg: Config) -> list[str]:
     ws = Workspace.from_config(cfg.workspace).ensure()
     return sorted(p.parent.name for p in ws.runs_dir.glob("*/cycle.json"))
 
 
-def backfill(cfg, *, cycle_ids: list[str] | None = None, since: str = "", until: str = "",
+def backfill(cfg: Config, *, cycle_ids: list[str] | None = None, since: str = "", until: str = "",
              rebuild_index: bool = False, reevaluate: list[str] | None = None) -> dict[str, Any]:
     """Re-curate + re-index the window of cycles (ids, or ``since ≤ id ≤ until``); optionally re-evaluate versions."""
 

@@ -27,6 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lopd_core.config import RegistryConfig
+from lopd_core.workspace import Workspace
+
 CHAMPION = "champion"
 CHALLENGER = "challenger"
 BASE_MARKER = "lopd_base.json"
@@ -46,7 +49,7 @@ class GateDecision:
         return f"{verdict}: " + "; ".join(self.reasons)
 
 
-def decide_promotion(challenger: dict[str, float], champion: dict[str, float], cfg) -> GateDecision:
+def decide_promotion(challenger: dict[str, float], champion: dict[str, float], cfg: RegistryConfig) -> GateDecision:
     """Promote only if the challenger wins on held-out success by ``gate_margin`` without forgetting or drift.
 
     ``challenger`` / ``champion`` are evaluation summaries with the keys ``eval/success_rate``,
@@ -109,7 +112,7 @@ class PairVersion:
 class ModelRegistry:
     """The MLflow side of a workspace: the experiment, cycle runs, paired versions and aliases."""
 
-    def __init__(self, tracking_uri: str, artifacts_uri: str, cfg):
+    def __init__(self, tracking_uri: str, artifacts_uri: str, cfg: RegistryConfig):
         import mlflow
         from mlflow import MlflowClient
 
@@ -125,7 +128,7 @@ class ModelRegistry:
             self._ensure_registered_model(name)
 
     @classmethod
-    def from_workspace(cls, ws, cfg) -> ModelRegistry:
+    def from_workspace(cls, ws: Workspace, cfg: RegistryConfig) -> ModelRegistry:
         artifacts = ws.mlflow_artifacts_uri
         if "://" not in artifacts:
             artifacts = Path(artifacts).resolve().as_uri()

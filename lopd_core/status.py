@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lopd_core.config import Config
 from lopd_core.memory.store import store_status
 from lopd_core.models.default import MANIFEST
 from lopd_core.registry import ModelRegistry
@@ -34,7 +35,7 @@ def _experience_store(ws: Workspace) -> dict[str, Any]:
     return info
 
 
-def _registry(cfg, ws: Workspace) -> dict[str, Any]:
+def _registry(cfg: Config, ws: Workspace) -> dict[str, Any]:
     local = ws.mlflow_tracking_uri.removeprefix("sqlite:///")
     if ws.mlflow_tracking_uri.startswith("sqlite:///") and not Path(local).exists():
         return {"available": False, "reason": "no MLflow store yet (run a cycle)"}
@@ -59,7 +60,7 @@ def _cycles(ws: Workspace) -> list[dict[str, Any]]:
     return rows
 
 
-def workspace_status(cfg, ws: Workspace) -> dict[str, Any]:
+def workspace_status(cfg: Config, ws: Workspace) -> dict[str, Any]:
     lance_local = _local_path(ws.lance_uri)
     return {
         "workspace": str(ws.home),

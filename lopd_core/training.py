@@ -121,7 +121,7 @@ class ColdStartResult:
 
 # --------------------------------------------------------------------------------------------------
 # Models and artifacts
-def build_policies(cfg, *, models_dir: Path | None = None) -> PolicySet:
+def build_policies(cfg: Config, *, models_dir: Path | None = None) -> PolicySet:
     """The run's models: the configured base (teacher, encoder backbone) + the student, untrained."""
 
     models_dir = models_dir or Workspace.from_config(cfg.workspace).ensure().models_dir
@@ -133,7 +133,7 @@ def load_student_init(policies: PolicySet, student_init: Path | None) -> None:
         policies.load_student(Path(student_init))
 
 
-def load_composer_init(policies: PolicySet, cfg, composer_init: Path | None) -> ComposerState | None:
+def load_composer_init(policies: PolicySet, cfg: Config, composer_init: Path | None) -> ComposerState | None:
     if composer_init is None or is_base_marker(composer_init):
         return None
     return load_composer(policies, Path(composer_init), cfg.distill.lopd)
@@ -143,11 +143,11 @@ def save_student(policies: PolicySet, directory: Path) -> Path:
     return policies.save_student(Path(directory))
 
 
-def needs_composer(cfg) -> bool:
+def needs_composer(cfg: Config) -> bool:
     return cfg.distill.method == "lopd" and cfg.distill.lopd.context == "latent"
 
 
-def _make_engine(cfg, policies: PolicySet):
+def _make_engine(cfg: Config, policies: PolicySet):
     return make_engine(cfg.rollout.engine, policies.student_module(), policies.tokenizer,
                        batch_size=cfg.rollout.batch_size)
 
@@ -160,7 +160,7 @@ def _seed_everything(seed: int) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # One step's helpers
-def task_order(suite, cfg, *, n_tasks: int, tasks: list | None = None) -> list:
+def task_order(suite: Suite, cfg: Config, *, n_tasks: int, tasks: list | None = None) -> list:
     """The run's training tasks (the data cursor indexes this list, wrapping around)."""
     pool = list(tasks) if tasks is not None else suite.tasks("train", n_tasks, level=cfg.rollout.level, seed=cfg.distill.seed)
     if not pool:
@@ -199,7 +199,7 @@ def rollout_metrics(trajectories: list[Trajectory], wall_s: float) -> dict[str, 
     return numeric(summarize_trajectories(trajectories, wall_s=wall_s))
 
 
-def experiences_from_trajectories(trajectories: list[Trajectory], cfg, *, kind: str) -> list[Experience]:
+def experiences_from_trajectories(trajectories: list[Trajectory], cfg: Config, *, kind: str) -> list[Experience]:
     """Successful finished train-split episodes as observation-lite experiences (the in-memory bank's rule).
 
     The success threshold is ``curation.success_threshold_tool`` for tool suites and ``…_code`` for code
@@ -334,7 +334,7 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
 
 
 # --------------------------------------------------------------------------------------------------
-def cold_start(cfg, *, retriever: Retriever, out_dir: Path, trajectories: list[Trajectory] | None = None,
+def cold_start(cfg: Config, *, retriever: Retriever, out_dir: Path, trajectories: list[Trajectory] | None = None,
                experiences: list[Experience] | None = None, composer_init: Path | None = None,
                policies: PolicySet | None = None, logger: MetricLogger | None = None, progress: bool = True,
                models_dir: Path | None = None, success_threshold: float | None = None) -> ColdStartResult:

@@ -15,6 +15,8 @@ from lopd_core.algorithms.lopd import LOPD
 from lopd_core.algorithms.opsd import OPSD
 from lopd_core.algorithms.sdpo import SDPO
 from lopd_core.algorithms.skill_sd import SkillSD
+from lopd_core.config import DistillConfig
+from lopd_core.models.policy import PolicySet
 
 
 class NoUpdate:
@@ -23,7 +25,7 @@ class NoUpdate:
     name = "none"
     episodes_per_task = 1
 
-    def __init__(self, cfg, policies=None):
+    def __init__(self, cfg: DistillConfig, policies: PolicySet | None = None):
         self.cfg = cfg
 
     def step(self, inputs: StepInputs) -> dict[str, Any]:
@@ -38,7 +40,7 @@ class NoUpdate:
         return None
 
 
-def make_algorithm(cfg, policies, *, composer=None, engine=None) -> Algorithm:
+def make_algorithm(cfg: DistillConfig, policies: PolicySet, *, composer=None, engine=None) -> Algorithm:
     """The method ``cfg.method`` (``cfg`` is the ``distill`` section) on these models."""
     if cfg.method == "lopd":
         return LOPD(cfg, policies, composer)

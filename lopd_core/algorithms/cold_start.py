@@ -26,6 +26,7 @@ import torch
 from lopd_core.algorithms.batch import teacher_batch
 from lopd_core.algorithms.logprobs import gather_tokens
 from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prefix
+from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
 from lopd_core.models.composer import ComposerPair, ComposerState
 from lopd_core.models.latent import latent_prompt
@@ -74,7 +75,7 @@ def cold_start_examples(trajectories: list[Trajectory], retriever: Retriever, *,
 class ColdStart:
     """Trains φ = (ψ, χ) by NLL of y* with latents injected; the student and the backbone are untouched."""
 
-    def __init__(self, cfg, policies: PolicySet, composer: ComposerState):
+    def __init__(self, cfg: DistillConfig, policies: PolicySet, composer: ComposerState):
         self.cfg, self.lopd, self.cold = cfg, cfg.lopd, cfg.lopd.cold_start
         self.policies, self.composer = policies, composer
         self.lora_params = policies.adapter_parameters(ENCODER)

@@ -27,7 +27,9 @@ from lopd_core.algorithms.logprobs import (
     student_logprobs,
 )
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
+from lopd_core.models.policy import PolicySet
 
 
 def group_advantages(inputs: StepInputs, usable: list[int], device) -> torch.Tensor:
@@ -50,7 +52,7 @@ def group_advantages(inputs: StepInputs, usable: list[int], device) -> torch.Ten
 class GRPO:
     name = "grpo"
 
-    def __init__(self, cfg, policies):
+    def __init__(self, cfg: DistillConfig, policies: PolicySet):
         self.cfg, self.policies = cfg, policies
         self.episodes_per_task = cfg.group_size
         self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)

@@ -38,6 +38,7 @@ from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollou
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch, to_padded
 from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, rewards_tensor, student_logprobs
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
 from lopd_core.models.composer import (
     ComposerPair,
@@ -172,7 +173,7 @@ class LOPD:
     name = "lopd"
     episodes_per_task = 1
 
-    def __init__(self, cfg, policies: PolicySet, composer: ComposerState | None):
+    def __init__(self, cfg: DistillConfig, policies: PolicySet, composer: ComposerState | None):
         self.cfg, self.lopd, self.policies, self.composer = cfg, cfg.lopd, policies, composer
         self.uses_latents = self.lopd.context == "latent"
         if self.uses_latents and composer is None:

@@ -22,8 +22,10 @@ from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollou
 from lopd_core.algorithms.context import opsd_reference
 from lopd_core.algorithms.logprobs import model_logprobs, paired_micro_batches, student_logprobs
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
 from lopd_core.models.latent import system_reference_prompt
+from lopd_core.models.policy import PolicySet
 
 
 def full_vocab_divergence(student_lp, teacher_lp, opsd_cfg) -> torch.Tensor:
@@ -38,7 +40,7 @@ class OPSD:
     name = "opsd"
     episodes_per_task = 1
 
-    def __init__(self, cfg, policies):
+    def __init__(self, cfg: DistillConfig, policies: PolicySet):
         self.cfg, self.policies = cfg, policies
         self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)
 

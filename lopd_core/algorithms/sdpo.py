@@ -30,6 +30,7 @@ from lopd_core.algorithms.logprobs import (
     student_logprobs,
 )
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
 from lopd_core.models.latent import text_context_prompt
 from lopd_core.models.policy import STUDENT, STUDENT_EMA, PolicySet, hidden_states, logprobs_at
@@ -40,7 +41,7 @@ SDPO_FRAMING_AFTER = "\n\nNow the task:\n"
 class SDPO:
     name = "sdpo"
 
-    def __init__(self, cfg, policies: PolicySet):
+    def __init__(self, cfg: DistillConfig, policies: PolicySet):
         self.cfg, self.policies, self.sdpo = cfg, policies, cfg.sdpo
         self.episodes_per_task = cfg.group_size
         self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)

@@ -41,10 +41,11 @@ from lopd_core.algorithms.logprobs import (
     student_logprobs,
 )
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
 from lopd_core.models.composer import experience_trajectory_text
 from lopd_core.models.latent import TeacherPrompt, text_context_prompt
-from lopd_core.models.policy import STUDENT, hidden_states, logprobs_at
+from lopd_core.models.policy import STUDENT, PolicySet, hidden_states, logprobs_at
 from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids
 from lopd_core.records.experience import Experience
 from lopd_core.rollout.engines.base import SamplingParams
@@ -123,7 +124,7 @@ class SkillBank:
 class SkillSD:
     name = "skill_sd"
 
-    def __init__(self, cfg, policies, *, engine=None):
+    def __init__(self, cfg: DistillConfig, policies: PolicySet, *, engine=None):
         self.cfg, self.policies, self.skill_cfg = cfg, policies, cfg.skill_sd
         self.episodes_per_task = cfg.group_size
         self.engine = engine

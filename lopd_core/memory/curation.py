@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lopd_core.config import Config
 from lopd_core.envs import suite_kind
 from lopd_core.memory.embedder import content_embedder
 from lopd_core.memory.sql import sql_in
@@ -274,7 +275,7 @@ def _scope_filter(cycle_ids: list[str] | None) -> str | None:
     return sql_in("cycle_id", cycle_ids) if cycle_ids else None
 
 
-def curate_store(store: ExperienceStore, cfg, *, cycle_ids: list[str] | None = None,
+def curate_store(store: ExperienceStore, cfg: Config, *, cycle_ids: list[str] | None = None,
                  stage: str = "curate") -> CurationReport:
     """Curate the stored trajectories of ``cycle_ids`` (None: all) into the ``curated`` table.
 

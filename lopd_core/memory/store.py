@@ -33,6 +33,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from lopd_core.config import Config
 from lopd_core.memory.embedder import make_embedder
 from lopd_core.memory.retriever import RESULT_COLUMNS, LanceRetriever, ensure_vector_index
 from lopd_core.memory.sql import sql_in
@@ -125,7 +126,7 @@ class ExperienceStore:
         self._db = None
 
     @classmethod
-    def from_config(cls, cfg) -> ExperienceStore:
+    def from_config(cls, cfg: Config) -> ExperienceStore:
         """A store at ``cfg.workspace``'s LanceDB URI with the ``index``/``curation`` settings of ``cfg``."""
         ws = Workspace.from_config(cfg.workspace).ensure()
         return cls(ws.lance_uri, embedder=cfg.index.embedder, embed_field=cfg.index.embed_field,

@@ -25,14 +25,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lopd_core.config import LOPDConfig
 from lopd_core.models.policy import (
     ENCODER,
     ENCODER_PHI0,
+    PolicySet,
     copy_adapter,
     embedding_rms,
     hidden_states,
@@ -117,7 +120,7 @@ class Compressor(nn.Module):
         return out * self.gain if self.gain is not None else out
 
 
-def compressor_spec(lopd_cfg, backbone_config, *, embed_rms: float) -> CompressorSpec:
+def compressor_spec(lopd_cfg: LOPDConfig, backbone_config, *, embed_rms: float) -> CompressorSpec:
     heads = lopd_cfg.compressor_heads or backbone_config.num_attention_heads
     return CompressorSpec(hidden_size=backbone_config.hidden_size, n_latents=lopd_cfg.n_latents,
                           depth=lopd_cfg.compressor_depth, n_heads=heads,
@@ -230,7 +233,7 @@ class ComposerState:
         return self.compressor_phi0 is not None
 
 
-def new_composer_state(policies, lopd_cfg, *, seed: int = 0) -> ComposerState:
+def new_composer_state(policies: PolicySet, lopd_cfg: LOPDConfig, *, seed: int = 0) -> ComposerState:
     """A fresh χ (seeded) on the policies' device; ψ is the freshly initialised ``encoder`` adapter (B = 0)."""
 
     backbone_config = policies.base.get_base_model().config
@@ -309,7 +312,7 @@ def read_composer_manifest(directory) -> dict:
     return json.loads(path.read_text())
 
 
-def load_composer(policies, directory, lopd_cfg) -> ComposerState:
+def load_composer(policies: PolicySet, directory: Path, lopd_cfg: LOPDConfig) -> ComposerState:
     """Load a composer directory into the policies' encoder adapters and a new :class:`ComposerState`."""
     import json
     from pathlib import Path

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lopd_core.config import LOPDConfig, ModelConfig
 from lopd_core.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 
 STUDENT = "student"
@@ -286,7 +287,7 @@ def _enable_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def build_policy_set(model_cfg, lopd_cfg, models_dir: Path, *, device: str | None = None) -> PolicySet:
+def build_policy_set(model_cfg: ModelConfig, lopd_cfg: LOPDConfig, models_dir: Path, *, device: str | None = None) -> PolicySet:
     """Load the configured base once, wrap it with the encoder adapter (and the student adapter or a full student)."""
     import copy
 
