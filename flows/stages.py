@@ -1,7 +1,9 @@
 """The cycle's stages as Prefect tasks, and each stage as its own small flow.
 
 Each task rebuilds the config from (profile, overrides) and calls :func:`lopd_core.cycle.run_stage`, which
-is idempotent on the cycle id; results are small dicts. Run one stage by hand, e.g.::
+is idempotent on the cycle id; results are small dicts. The one-stage flows are named ``lopd-stage-<stage>``
+(``lopd-evaluate`` and ``lopd-promote`` are the standalone flows of :mod:`flows.evaluate` and
+:mod:`flows.promote`, which act on registered versions). Run one stage by hand, e.g.::
 
     python -m flows.stages curate --profile demo --cycle-id 20261202T1200
 """
@@ -27,7 +29,7 @@ def stage(name: str, profile: str, overrides: list[str], cycle_id: str) -> dict:
 
 
 def _stage_flow(name: str):
-    @flow(name=f"lopd-{name}", log_prints=True)
+    @flow(name=f"lopd-stage-{name}", log_prints=True)
     def stage_flow(cycle_id: str, profile: str = "demo", overrides: list[str] | None = None) -> dict:
         return stage(name, profile, overrides or [], cycle_id)
 

@@ -21,7 +21,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PROFILES = ("smoke", "demo", "demo-codegen", "gpu")
-METHODS = ("lopd", "grpo", "opsd", "sdpo", "skill_sd", "none")
 GROUP_METHODS = ("grpo", "sdpo", "skill_sd")
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -62,14 +62,6 @@ class JsonlLogger:
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-
-class CallbackLogger:
-    def __init__(self, fn: Callable[[dict[str, Any], int], None]) -> None:
-        self.fn = fn
-
-    def log(self, metrics: Mapping[str, Any], *, step: int) -> None:
-        self.fn(dict(metrics), step)
 
 
 class MultiLogger:
