@@ -1,6 +1,6 @@
 """`lopd compare`: LOPD against the baselines (and its ablations) under one rollout budget, in one harness.
 
-Protocol (lopd-method.md, "Rollout budget accounting"):
+Protocol (docs/method.md, "Rollout budget accounting"):
 
 - every run starts from the same base model and gets the same training budget: ``distill.tasks_per_step``
   episodes per step for ``budget // tasks_per_step`` steps (R tasks x 1 for LOPD/OPSD, R/G x G for the

@@ -2,7 +2,7 @@
 
 A profile (``smoke``, ``demo``, ``demo-codegen``, ``gpu`` shipped in ``lopd_core/configs/``, or any YAML path) selects
 values; it never contains code. Loading order: the model defaults below (the paper's defaults, see
-``lopd-method.md``) ← the profile ← ``--set section.field=value`` overrides from the command line.
+docs/method.md) ← the profile ← ``--set section.field=value`` overrides from the command line.
 
 Every field has a one-line docstring (it becomes the field description). Unknown keys are errors, and
 every error names the field, e.g. ``distill.top_m: Input should be greater than or equal to 1 (got 0)``.
@@ -159,7 +159,7 @@ class LOPDConfig(_Section):
     encoder_lora_alpha: int = Field(16, ge=1)
     """Composer encoder LoRA alpha."""
     latent_gain: bool = True
-    """Learnable output gain initialised to the input-embedding RMS (deviation from the paper, see lopd-method.md)."""
+    """Learnable output gain initialised to the input-embedding RMS (deviation from the paper, see docs/method.md)."""
     margin: float = Field(0.05, ge=0.0)
     """m: required outcome-signed privilege Δ; 0 disables the constraint (ablation)."""
     anchor_weight: float = Field(0.2, ge=0.0)

@@ -9,7 +9,7 @@ writes are keyed upserts (trajectory ids are ``<cycle>/<stage>/<index>``), regis
 cycle id, and distillation resumes from its last checkpoint — so a crash anywhere resumes from the last
 completed stage / step, and re-running a finished cycle changes nothing.
 
-Lineage (lopd-method.md, "Across continual-learning cycles"): rollouts always use ``@champion``; the
+Lineage (docs/method.md, "Across continual-learning cycles"): rollouts always use ``@champion``; the
 teacher and the composer's encoder backbone are the configured base model of the whole lineage (tag
 ``base_model``); the student and composer continue from the champion pair; the composer is cold-started
 once, when the champion's composer is still the base marker (cycle 1), and φ0 with its anchor cache

@@ -2,7 +2,7 @@
 
 - **Held-out success**: greedy (``evaluate.temperature``, default 0) episodes on the *test* split of the
   training suite, a fixed task set per (suite, level, n) so that champion and challenger see the same tasks.
-- **Forgetting probe** (architecture.md): (a) held-out tasks of the other built-in suite
+- **Forgetting probe** (docs/architecture.md): (a) held-out tasks of the other built-in suite
   (``eval/probe_success_rate``), and (b) a fixed set of general prompts whose reference answers are the
   *base* model's own greedy answers; the student is scored by the per-token KL(base ‖ student) and the NLL
   increase over the base on those answers (``eval/forgetting_kl``, ``eval/forgetting_delta``, nats/token;

@@ -1,6 +1,6 @@
 """The losses of LOPD and of its baselines, as pure functions of log-prob tensors.
 
-What this module is: the maths of ``lopd-method.md`` ("Objectives" and the baselines table), one function
+What this module is: the maths of docs/method.md ("Objectives" and the baselines table), one function
 per term, each returning *per-token* values (no reduction) over arbitrary leading dimensions, plus the
 two reductions the method uses (a global token mean and a per-rollout token mean). Tensors are
 positional, hyper-parameters keyword-only; invalid hyper-parameters raise ``ValueError`` naming the value.

@@ -1,6 +1,6 @@
 """MLflow tracking and the model registry: one run per cycle, paired student/composer versions, the gate.
 
-Conventions (MLflow 3: aliases, not stages; see architecture.md):
+Conventions (MLflow 3: aliases, not stages; see docs/architecture.md):
 
 - two registered models, ``lopd-student`` and ``lopd-composer`` (names from the ``registry`` config);
   each training cycle registers one version of each — a *pair* — from plain directories logged as run

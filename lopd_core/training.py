@@ -9,7 +9,7 @@ Usable from the command line (``lopd distill``) and from the flows; no Prefect h
       → log (rollout/*, memory/*, budget/*, distill/*) → checkpoint every distill.checkpoint_every
       → engine.update_policy(student) so the next batch is on-policy
 
-Budget accounting (lopd-method.md): one unit = one episode; ``budget/episodes`` counts the training
+Budget accounting (docs/method.md): one unit = one episode; ``budget/episodes`` counts the training
 episodes (B per step for every method), ``budget/pretraining_episodes`` what the caller spent before
 (seeding the bank, cold-start data, OPSD references), ``budget/skill_generations`` Skill-SD's
 policy-written skills; ``budget/total_units`` is their sum.

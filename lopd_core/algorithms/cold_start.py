@@ -1,6 +1,6 @@
 """Cold start of the composer: next-token NLL of the base model's own successful trajectories y*.
 
-What it is (lopd-method.md, "Cold start of the composer"): prefix tuning through the frozen backbone.
+What it is (docs/method.md, "Cold start of the composer"): prefix tuning through the frozen backbone.
 For each y*, its J retrieved experiences are composed into latents, injected into the latent span of y*'s
 own initial prompt, and the frozen base model (every adapter off) scores y*'s assistant tokens; the loss
 is their NLL (global token mean). Only ψ (the encoder LoRA) and χ (the compressor) are trained, with one

@@ -1,4 +1,4 @@
-"""Hand-written privileged contexts of the baselines, as text (lopd-method.md, the baselines table).
+"""Hand-written privileged contexts of the baselines, as text (docs/method.md, the baselines table).
 
 - OPSD: a reference solution of the same task — the task's successful trajectory from the experience bank
   when there is one, else the task generator's scripted oracle; which one was used is recorded.

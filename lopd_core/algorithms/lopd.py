@@ -1,6 +1,6 @@
 """LOPD: one training step = teacher phase → student phase → composer phase → dual step on β.
 
-What the step really is (lopd-method.md, "One training step" and "Objectives"):
+What the step really is (docs/method.md, "One training step" and "Objectives"):
 
 1. Teacher phase (no grad): the frozen base with the current composer's J·K latents injected into the
    task's user message scores every supervised token; keep its top-M ids and log-probs (M = distill.top_m).

@@ -1,6 +1,6 @@
 """Skill-SD: PPO-clip plus a light distillation toward the live student conditioned on a written skill.
 
-What it is (reconstructed: the Skill-SD paper's exact loss was not available, see lopd-method.md):
+What it is (reconstructed: the Skill-SD paper's exact loss was not available, see docs/method.md):
 
 - B/G tasks × G rollouts per step; group-normalised advantages as GRPO;
 - a skill bank of natural-language skills, one per past successful trajectory (an experience), written by
