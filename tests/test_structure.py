@@ -177,3 +177,20 @@ print("LEAKED", leaked)
     lines = done.stdout.strip().splitlines()
     assert lines[-1] == "LEAKED []"
     assert lines[:-1] == [], "modules that need a blocked package at import time:\n" + "\n".join(lines[:-1])
+
+
+def test_every_document_and_report_folder_the_repository_names_exists():
+    """A reference to ``docs/<name>.md`` or ``reports/<folder>`` in any tracked file points at something in it."""
+    import re
+
+    tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
+    pattern = re.compile(r"(?<![\w/.-])((?:docs/[\w.-]+\.md)|(?:reports/[\w.-]+\d{4}-\d{2}-\d{2}))")
+    missing = set()
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix not in (".py", ".md", ".yaml", ".yml", ".toml", ".json", ".txt", "") or not path.is_file():
+            continue
+        for ref in pattern.findall(path.read_text(errors="ignore")):
+            if not (ROOT / ref).exists():
+                missing.add(f"{name}: {ref}")
+    assert sorted(missing) == []
