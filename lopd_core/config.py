@@ -134,7 +134,13 @@ class IndexConfig(_Section):
 
 class ColdStartConfig(_Section):
     steps: int = Field(1000, ge=0)
-    """Composer cold-start steps (next-token NLL with latents injected)."""
+    """Composer cold-start steps (next-token NLL with latents injected); the most it runs when it stops early."""
+    validation_fraction: float = Field(0.25, ge=0.0, lt=1.0)
+    """Share of the y* held out to measure NLL with and without latents (0 = no validation, no early stopping)."""
+    eval_every: int = Field(5, ge=1)
+    """Validation NLL every this many steps."""
+    patience: int = Field(3, ge=0)
+    """Stop after this many validations without a better NLL (0 = never stop early); the best composer is kept."""
     batch_size: int = Field(8, ge=1)
     """Trajectories per cold-start step."""
     lr: float = Field(1e-5, gt=0.0)
@@ -160,10 +166,22 @@ class LOPDConfig(_Section):
     """Composer encoder LoRA alpha."""
     latent_gain: bool = True
     """Learnable output gain initialised to the input-embedding RMS (deviation from the paper, see docs/method.md)."""
+    margin_form: Literal["balanced", "signed"] = "balanced"
+    """Δ's form: 'balanced' = mean token δ on successes − on failures (immune to a uniformly less confident teacher); 'signed' = the paper's mean of (2r − 1)·δ."""
     margin: float = Field(0.05, ge=0.0)
-    """m: required outcome-signed privilege Δ; 0 disables the constraint (ablation)."""
+    """m for the signed form: required outcome-signed privilege Δ; 0 disables the constraint (ablation)."""
+    balanced_margin: float = Field(0.1, ge=0.0)
+    """m for the balanced form: required gap in mean token δ between successes and failures; 0 disables the constraint."""
+    success_reward: float = Field(0.8, ge=0.0, le=1.0)
+    """Balanced margin: a rollout with reward ≥ this is a success."""
+    failure_reward: float = Field(0.5, ge=0.0, le=1.0)
+    """Balanced margin: a rollout with reward < this is a failure (partial credit in between counts for neither)."""
+    rescore_successes: int = Field(2, ge=0)
+    """Balanced margin: when a step has no success, re-score this many of the bank's successes (their own task excluded from their retrieval; the extra forwards are counted); 0 = off."""
     anchor_weight: float = Field(0.2, ge=0.0)
     """λ: weight of the latent anchor to the cold-start composer."""
+    anchor_units: Literal["embedding_rms", "raw"] = "embedding_rms"
+    """The anchor's squared distance in units of the input-embedding RMS (λ rescaled by 1/gain²), or raw (the paper)."""
     dual_lr: float = Field(0.5, gt=0.0)
     """η: dual ascent step on β."""
     beta_init: float = Field(0.0, ge=0.0)
@@ -172,6 +190,14 @@ class LOPDConfig(_Section):
     """AdamW learning rate of the composer in joint training."""
     context: Literal["latent", "text"] = "latent"
     """Teacher context: composer latents, or the retrieved trajectories as text (ablation)."""
+    context_placement: Literal["user_framing", "system", "chat_turn"] = "user_framing"
+    """Where the teacher's context goes: framing in the task's user message (the paper's), the system message, or earlier chat turns before the task."""
+    retrieval_family: Literal["same", "any"] = "same"
+    """Retrieve experiences of the task's own family only ('same'; none → no distillation loss), or of any family (the paper's)."""
+    oracle_fallback: bool = False
+    """For a rollout whose family has no experience, use the task's scripted oracle solution as its one experience (reported as distill/oracle_contexts)."""
+    privilege_gate: Literal["stop", "warn", "off"] = "stop"
+    """What training does when the teacher is not privileged on successes (first-token δ on successes < 0): stop with a message, warn, or nothing."""
     frozen_composer: bool = False
     """Keep φ at the cold-start φ0 (ablation)."""
     exclude_same_task: bool = True

@@ -210,13 +210,28 @@ def token_weighted_margin(delta: Tensor, advantages: Tensor, mask: Tensor) -> Te
     return (delta.detach() * advantages * mask).sum() / mask.sum().clamp(min=1)
 
 
-def margin_weights(rewards: Tensor) -> Tensor:
-    """Per-rollout weights ``w_i`` with ``Δ = Σ_i w_i · mean_t δ_it`` over a step's rollouts: ``A_i / n``.
+def margin_weights(rewards: Tensor, *, form: Literal["signed", "balanced"] = "signed", success_reward: float = 0.8,
+                   failure_reward: float = 0.5) -> Tensor:
+    """Per-rollout weights ``w_i`` with ``Δ = Σ_i w_i · mean_t δ_it`` over a step's rollouts.
 
-    This is :func:`outcome_signed_margin` written as a weighted sum, so that each micro-batch can add its
-    share (its slice of the weights) and the shares sum to the step's Δ.
+    ``signed`` (the paper): ``w_i = (2r_i − 1)/n``. Since E_student[δ] = −KL(S‖T), this Δ is about
+    (1 − 2r̄)·KL + Cov(A, δ): at a low success rate a teacher that is merely less confident everywhere
+    meets the margin. ``balanced``: ``+1/n_s`` for the ``n_s`` successes (r ≥ ``success_reward``), ``−1/n_f``
+    for the ``n_f`` failures (r < ``failure_reward``), 0 for partial credit, so Δ = mean δ on successes − mean
+    δ on failures, which a uniform shift of δ does not move; all zero when either group is empty (no
+    signal). Written as weights so that each micro-batch adds its share and the shares sum to the step's Δ.
     """
-    return outcome_advantage(rewards) / max(rewards.shape[-1], 1)
+    if form == "signed":
+        return outcome_advantage(rewards) / max(rewards.shape[-1], 1)
+    if form != "balanced":
+        raise ValueError(f"margin form must be 'signed' or 'balanced', got {form!r}")
+    if not failure_reward <= success_reward:
+        raise ValueError(f"failure_reward ({failure_reward}) must not exceed success_reward ({success_reward})")
+    success, failure = (rewards >= success_reward).float(), (rewards < failure_reward).float()
+    n_success, n_failure = success.sum(), failure.sum()
+    if n_success == 0 or n_failure == 0:
+        return torch.zeros_like(rewards)
+    return success / n_success - failure / n_failure
 
 
 def privilege_margin(delta: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
@@ -238,7 +253,8 @@ class ComposerObjective:
 def composer_objective(kl_tokens: Tensor, delta: Tensor, mask: Tensor, weights: Tensor, *, n_rollouts: int,
                        beta: float, margin: float, latents: Tensor | None = None,
                        anchor_latents: Tensor | None = None, anchor_weight: float = 0.0,
-                       n_anchor_values: int = 1) -> ComposerObjective:
+                       n_anchor_values: int = 1, anchor_scale: float = 1.0,
+                       margin_share: float | None = None) -> ComposerObjective:
     """LOPD's loss for φ on a micro-batch of ``B`` of the step's ``n_rollouts`` rollouts.
 
     ``KL + β·(m − Δ) + λ·anchor`` where KL is the per-rollout token mean of ``kl_tokens`` (the top-M + tail
@@ -247,22 +263,26 @@ def composer_objective(kl_tokens: Tensor, delta: Tensor, mask: Tensor, weights: 
     to the cold-start composer's (over ``n_anchor_values`` elements in the step). Each term is this
     micro-batch's share of the step's mean, so backpropagating every micro-batch's ``loss`` accumulates the
     gradient of the whole step. ``margin = 0`` drops the constraint (the paper's ablation); the anchor needs
-    ``latents`` and ``anchor_latents`` (it is 0 without them or with ``anchor_weight = 0``).
+    ``latents`` and ``anchor_latents`` (it is 0 without them or with ``anchor_weight = 0``). ``anchor_scale``
+    measures the squared distance in other units (``1/gain²``: units of the input-embedding RMS).
+    ``margin_share`` is the share of the constant β·m this micro-batch carries (default ``B / n_rollouts``;
+    0 for rows that only enter Δ, such as re-scored bank successes).
     """
     if n_rollouts < 1:
         raise ValueError(f"n_rollouts must be at least 1, got {n_rollouts}")
     kl = rollout_token_mean(kl_tokens, mask).sum() / n_rollouts
-    margin_share = privilege_margin(delta, mask, weights)
+    delta_share = privilege_margin(delta, mask, weights)
     loss = kl
     if margin > 0:
-        loss = loss + beta * (margin * mask.shape[0] / n_rollouts - margin_share)
+        constant = mask.shape[0] / n_rollouts if margin_share is None else margin_share
+        loss = loss + beta * (margin * constant - delta_share)
     anchor = kl.new_zeros(())
     if anchor_weight > 0 and latents is not None and anchor_latents is not None:
         if latents.shape != anchor_latents.shape:
             raise ValueError(f"latents {tuple(latents.shape)} and anchor latents {tuple(anchor_latents.shape)} differ")
-        anchor = (latents - anchor_latents.detach()).pow(2).sum() / n_anchor_values
+        anchor = (latents - anchor_latents.detach()).pow(2).sum() * anchor_scale / n_anchor_values
         loss = loss + anchor_weight * anchor
-    return ComposerObjective(loss=loss, kl=kl, margin=margin_share, anchor=anchor)
+    return ComposerObjective(loss=loss, kl=kl, margin=delta_share, anchor=anchor)
 
 
 def latent_anchor(latents: Tensor, anchor_latents: Tensor) -> Tensor:

@@ -59,7 +59,6 @@ from lopd_core.algorithms.cold_start import (
 from lopd_core.checkpoint import latest_checkpoint, read_checkpoint, restore_trainer_state, save_checkpoint
 from lopd_core.config import Config
 from lopd_core.envs import Suite
-from lopd_core.memory.curation import lite_messages, lite_text
 from lopd_core.metrics import InMemoryLogger, MetricLogger, MultiLogger, numeric
 from lopd_core.models.composer import (
     ComposerState,
@@ -69,7 +68,7 @@ from lopd_core.models.composer import (
     save_composer,
 )
 from lopd_core.models.policy import PolicySet, build_policy_set
-from lopd_core.records.experience import Bank, Experience, RetrievalQuery, Retriever
+from lopd_core.records.experience import Bank, Experience, RetrievalQuery, Retriever, experience_content
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.registry import is_base_marker
 from lopd_core.rollout.agent import play, summarize_trajectories
@@ -211,10 +210,11 @@ def experiences_from_trajectories(trajectories: list[Trajectory], cfg: Config, *
     for t in trajectories:
         if t.split != "train" or t.status != "ok" or t.reward < threshold:
             continue
-        messages = t.messages_lite or lite_messages(t.messages, max_chars=cfg.rollout.observation_max_chars)
+        turns, text = experience_content(t.messages, instruction=t.instruction, initial_messages=t.initial_messages,
+                                         max_chars=cfg.rollout.observation_max_chars, messages_lite=t.messages_lite)
         out.append(Experience(experience_id=t.trajectory_id, episode_id=t.episode_id, task_id=t.task_id, suite=t.suite,
-                              family=t.family, instruction=t.instruction, text=t.observation_lite or lite_text(messages),
-                              messages=messages, reward=t.reward, step=t.step, split=t.split))
+                              family=t.family, instruction=t.instruction, text=text, messages=turns, reward=t.reward,
+                              step=t.step, split=t.split))
     return out
 
 
@@ -294,7 +294,8 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
         # --- the method's step ---------------------------------------------------------------------------
         started = time.perf_counter()
         metrics.update(numeric(algorithm.step(StepInputs(step=step, trajectories=trajectories, tasks=episode_tasks,
-                                                         retrieved=retrieved, retriever=retriever, group_size=g))))
+                                                         retrieved=retrieved, retriever=retriever, group_size=g,
+                                                         bank_successes=bank.successes if bank is not None else []))))
         metrics["distill/step_s"] = time.perf_counter() - started
 
         # --- budget, log, checkpoint, on-policy engine -------------------------------------------------

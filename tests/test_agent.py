@@ -15,12 +15,8 @@ import torch
 
 from lopd_core.envs.base import EpisodeResult, StepResult, Task
 from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids, render_text
-from lopd_core.rollout.agent import (
-    observation_lite_messages,
-    run_episodes,
-    shorten_observation,
-    summarize_trajectories,
-)
+from lopd_core.records.experience import observation_lite_messages, shorten_observation
+from lopd_core.rollout.agent import run_episodes, summarize_trajectories
 from lopd_core.rollout.engines.base import SamplingParams
 from lopd_core.rollout.engines.hf import HFEngine
 

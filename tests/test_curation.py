@@ -9,7 +9,7 @@ from test_memory_support import make_trajectory
 
 from data_contracts import ExperienceSchema, trajectories_to_frame, validate_frame
 from lopd_core.envs import suite_kind
-from lopd_core.memory.curation import curate_frame, curate_store, lite_messages
+from lopd_core.memory.curation import curate_frame, curate_store
 from lopd_core.memory.indexing import index_store
 from lopd_core.memory.store import ExperienceStore
 from lopd_core.records.experience import RetrievalQuery
@@ -90,18 +90,23 @@ def test_family_balance_caps_large_families_round_robin_across_tasks():
     assert report.per_family["bank"]["kept"] == 2
 
 
-def test_observation_lite_is_used_or_made():
+def test_an_experience_keeps_its_own_turns_observation_lite():
     long_obs = "x" * 1000
     made, _ = _curate([_distinct(0, observation=long_obs)], observation_max_chars=100)
-    tool_message = next(m for m in json.loads(made.loc[0, "messages"]) if m["role"] == "tool")
-    assert len(tool_message["content"]) < 200 and "chars omitted" in tool_message["content"]
-    assert "chars omitted" in made.loc[0, "text"]
-    given = _distinct(1, observation_lite="user: short\nassistant: done",
-                      messages_lite=[{"role": "user", "content": "short"}])
+    kept = json.loads(made.loc[0, "messages"])
+    # the task request, the agent's actions and the tool observation: never the system prompt
+    assert [m["role"] for m in kept] == ["user", "assistant", "tool", "assistant"]
+    assert kept[0]["content"] == made.loc[0, "instruction"]
+    tool_message = next(m for m in kept if m["role"] == "tool")
+    assert len(tool_message["content"]) <= 100 and "shortened" in tool_message["content"]
+    assert "shortened" in made.loc[0, "text"] and "helpful agent" not in made.loc[0, "text"]
+    # the rollout's own observation-lite messages are used when it filled them (its worked examples dropped)
+    lite = [{"role": "system", "content": "sys"}, {"role": "user", "content": "a worked example"},
+            {"role": "assistant", "content": "its answer"}, {"role": "user", "content": "the real request"},
+            {"role": "assistant", "content": "done"}]
+    given = make_trajectory(1, instruction="the real request", messages_lite=lite, initial_messages=4)
     used, _ = _curate([given])
-    assert used.loc[0, "text"] == "user: short\nassistant: done"
-    assert json.loads(used.loc[0, "messages"]) == [{"role": "user", "content": "short"}]
-    assert lite_messages([{"role": "user", "content": long_obs}], max_chars=10)[0]["content"] == long_obs
+    assert json.loads(used.loc[0, "messages"]) == lite[3:]
 
 
 def test_report_counts_and_markdown():

@@ -17,6 +17,7 @@ from lopd_core.algorithms.batch import student_batch, teacher_batch
 from lopd_core.algorithms.lopd import LOPD
 from lopd_core.algorithms.synthetic import experience_of, make_trajectory, task_of
 from lopd_core.config import load_config
+from lopd_core.memory.in_memory import InMemoryRetriever
 from lopd_core.models.composer import (
     ComposerPair,
     compose,
@@ -25,7 +26,7 @@ from lopd_core.models.composer import (
     new_composer_state,
     save_composer,
 )
-from lopd_core.models.latent import LATENT_FRAMING_AFTER, LATENT_FRAMING_BEFORE, inject_latents, latent_prompt
+from lopd_core.models.latent import CONTEXT_AFTER, CONTEXT_BEFORE, inject_latents, latent_prompt
 from lopd_core.models.policy import ENCODER, ENCODER_PHI0, STUDENT, build_policy_set
 
 
@@ -64,8 +65,8 @@ def test_latent_span_is_located_by_position_and_teacher_aligns(tiny_tokenizer):
     prompt = latent_prompt(tok, traj.messages[:2], traj.tools, n_latents=6, placeholder_id=tok.pad_token_id)
     before = tok.decode(prompt.ids[: prompt.span_start])
     after = tok.decode(prompt.ids[prompt.span_start + prompt.span_length:])
-    assert before.endswith(LATENT_FRAMING_BEFORE) and "<|im_start|>user" in before
-    assert after.startswith(LATENT_FRAMING_AFTER + traj.instruction) and after.endswith("<|im_start|>assistant\n")
+    assert before.endswith(CONTEXT_BEFORE) and "<|im_start|>user" in before
+    assert after.startswith(CONTEXT_AFTER + traj.instruction) and after.endswith("<|im_start|>assistant\n")
     # the placeholder is the pad id, which also ends every turn: position, not id, marks the span
     assert prompt.ids.count(tok.pad_token_id) > prompt.span_length
     s = student_batch(rows, pad_id=tok.pad_token_id, device="cpu")
@@ -110,8 +111,9 @@ def test_compressor_output_scale_shape_and_padding_invariance(tiny_tokenizer, mo
     assert float(both.pow(2).mean().sqrt()) == pytest.approx(float(rms), rel=0.05)
 
 
-def test_three_lopd_steps_train_student_and_composer_but_not_the_teacher(tiny_tokenizer, models_dir):
-    cfg = smoke(**{"distill.lopd.lr_composer": 1e-3, "distill.lr_student": 1e-3})
+@pytest.mark.parametrize("form", ["signed", "balanced"])
+def test_three_lopd_steps_train_student_and_composer_but_not_the_teacher(tiny_tokenizer, models_dir, form):
+    cfg = smoke(**{"distill.lopd.lr_composer": 1e-3, "distill.lr_student": 1e-3, "distill.lopd.margin_form": form})
     policies, composer = build(cfg, models_dir)
     algo = LOPD(cfg.distill, policies, composer)
     rows, tasks, retrieved = toy_rollouts(tiny_tokenizer)
@@ -124,7 +126,11 @@ def test_three_lopd_steps_train_student_and_composer_but_not_the_teacher(tiny_to
     for step in range(3):
         m = algo.step(StepInputs(step=step, trajectories=rows, tasks=tasks, retrieved=retrieved))
         assert all(math.isfinite(v) for v in m.values()), m
-        expected = max(0.0, beta + cfg.distill.lopd.dual_lr * (cfg.distill.lopd.margin - m["distill/privilege_delta"]))
+        lopd = cfg.distill.lopd
+        margin, estimate = ((lopd.margin, m["distill/privilege_delta"]) if form == "signed"
+                            else (lopd.balanced_margin, m["distill/margin_delta"]))
+        assert m["distill/margin_signal"] == 1.0  # toy_rollouts has a success and a failure
+        expected = max(0.0, beta + lopd.dual_lr * (margin - estimate))
         assert m["distill/beta"] == pytest.approx(expected)
         beta = m["distill/beta"]
         assert m["distill/kl_topk"] >= -1e-6 and m["distill/supervised_tokens"] == sum(r.n_generated for r in rows)
@@ -182,26 +188,48 @@ def test_frozen_composer_and_text_context_ablations(tiny_tokenizer, models_dir):
     assert m["distill/updated"] == 1 and m["distill/kl_topk"] > 0 and math.isfinite(m["distill/privilege_delta"])
 
 
-def test_margin_raises_the_privilege_on_a_constructed_case(tiny_tokenizer, models_dir):
+@pytest.mark.parametrize(("form", "field", "measure"), [("signed", "margin", "distill/privilege_delta"),
+                                                       ("balanced", "balanced_margin", "distill/margin_delta")])
+def test_margin_raises_the_privilege_on_a_constructed_case(tiny_tokenizer, models_dir, form, field, measure):
     """A fixed student (lr ≈ 0), a toy composer, 50 steps: with m = 0.05 Δ ends higher than with m = 0."""
     rows, tasks, retrieved = toy_rollouts(tiny_tokenizer)
     finals, betas_while_below = {}, []
     for margin in (0.0, 0.05):
-        cfg = smoke(**{"distill.lopd.margin": margin, "distill.lr_student": 1e-12, "distill.lopd.lr_composer": 3e-3,
-                       "distill.lopd.anchor_weight": 0.0, "distill.lopd.dual_lr": 2.0})
+        cfg = smoke(**{"distill.lopd.margin_form": form, f"distill.lopd.{field}": margin, "distill.lr_student": 1e-12,
+                       "distill.lopd.lr_composer": 3e-3, "distill.lopd.anchor_weight": 0.0, "distill.lopd.dual_lr": 2.0})
         policies, composer = build(cfg, models_dir, sharpen=10.0)
         algo = LOPD(cfg.distill, policies, composer)
         history = []
         for step in range(50):
             m = algo.step(StepInputs(step=step, trajectories=rows, tasks=tasks, retrieved=retrieved))
             history.append(m)
-            if margin > 0 and step > 0 and history[-2]["distill/privilege_delta"] < margin:
+            if margin > 0 and step > 0 and history[-2][measure] < margin:
                 betas_while_below.append(history[-2]["distill/beta"])
-        finals[margin] = sum(h["distill/privilege_delta"] for h in history[-5:]) / 5
+        finals[margin] = sum(h[measure] for h in history[-5:]) / 5
         if margin == 0:
             assert all(h["distill/beta"] == 0 for h in history)
     assert finals[0.05] > finals[0.0] + 0.01, finals
     assert betas_while_below and all(b > 0 for b in betas_while_below)
+
+
+def test_a_step_without_success_rescores_bank_successes_for_the_balanced_margin(tiny_tokenizer, models_dir):
+    cfg = smoke(**{"distill.lopd.margin_form": "balanced", "distill.lopd.rescore_successes": 2})
+    policies, composer = build(cfg, models_dir)
+    rows, tasks, retrieved = toy_rollouts(tiny_tokenizer)
+    failed = [rows[1], rows[1]]
+    bank = [make_trajectory(tiny_tokenizer, task_id=f"t-bank{i}", instruction=f"What is {i}+{i}?", family="toy",
+                            replies=[f"It is {2 * i}."], reward=1.0) for i in range(3)]
+    retriever = InMemoryRetriever([experience_of(t) for t in bank])
+    inputs = StepInputs(step=0, trajectories=failed, tasks=[tasks[1], tasks[1]], retrieved=[retrieved[1]] * 2,
+                        retriever=retriever, bank_successes=bank)
+    m = LOPD(cfg.distill, policies, composer).step(inputs)
+    # two bank successes entered Δ (each retrieving only the other bank tasks), so the step has a signal
+    assert m["distill/rescored_successes"] == 2 and m["distill/successes_scored"] == 2
+    assert m["distill/margin_signal"] == 1.0 and math.isfinite(m["distill/privilege_success"])
+    assert m["distill/supervised_tokens"] == sum(r.n_generated for r in failed)  # the student learns from its own only
+    alone = LOPD(cfg.distill, policies, composer).step(StepInputs(step=0, trajectories=failed, tasks=[tasks[1]] * 2,
+                                                                  retrieved=[retrieved[1]] * 2))
+    assert alone["distill/rescored_successes"] == 0 and alone["distill/margin_signal"] == 0.0
 
 
 def test_composer_directory_roundtrip(tiny_tokenizer, models_dir, tmp_path):

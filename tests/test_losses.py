@@ -191,3 +191,26 @@ def test_anchor_and_reductions():
     assert L.global_token_mean(v, m).item() == pytest.approx(2.0)
     torch.testing.assert_close(L.rollout_token_mean(v, m), torch.tensor([2.0, 2.0, 0.0]))
     assert L.mean_over_rollouts(L.rollout_token_mean(v, m), m).item() == pytest.approx(2.0)
+
+
+def test_balanced_margin_ignores_a_uniform_shift_and_needs_both_outcomes():
+    torch.manual_seed(2)
+    delta, mask = torch.randn(4, 5), torch.ones(4, 5)
+    rewards = torch.tensor([1.0, 0.9, 0.2, 0.6])  # two successes, one failure, one partial credit
+    weights = L.margin_weights(rewards, form="balanced")
+    torch.testing.assert_close(weights, torch.tensor([0.5, 0.5, -1.0, 0.0]))
+    balanced = L.privilege_margin(delta, mask, weights)
+    expected = delta[:2].mean(-1).mean() - delta[2].mean()
+    torch.testing.assert_close(balanced, expected)
+    # a teacher that is merely less confident everywhere (δ shifted down) neither meets nor misses it more
+    torch.testing.assert_close(L.privilege_margin(delta - 0.3, mask, weights), balanced)
+    # the paper's signed form at a low success rate is met by a less confident teacher
+    rare = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    signed = L.margin_weights(rare, form="signed")
+    assert L.privilege_margin(delta - 0.3, mask, signed) > L.privilege_margin(delta, mask, signed) + 0.1
+    rare_balanced = L.margin_weights(rare, form="balanced")
+    torch.testing.assert_close(L.privilege_margin(delta - 0.3, mask, rare_balanced),
+                               L.privilege_margin(delta, mask, rare_balanced))
+    assert not L.margin_weights(torch.tensor([1.0, 0.9, 0.6]), form="balanced").any()  # no failure: no signal
+    with pytest.raises(ValueError, match="margin form"):
+        L.margin_weights(rewards, form="other")

@@ -74,9 +74,10 @@ def test_text_teacher_logprobs_are_the_models_logprobs_behind_the_text_context(m
     """The text-context teacher's per-episode scores: a plain forward pass of the base model on the task
     prompt with the experiences as text, followed by the episode's own continuation, read at its actions."""
     from benchmarks.teacher_privilege import token_logprobs
-    from lopd_core.algorithms.lopd import LOPD, truncated_experience_text
+    from lopd_core.algorithms.lopd import LOPD
     from lopd_core.algorithms.synthetic import experience_of
-    from lopd_core.models.latent import TEXT_SEPARATOR, text_context_prompt
+    from lopd_core.models.composer import experience_turns
+    from lopd_core.models.latent import experiences_prompt
 
     cfg = load_config("smoke").with_overrides({"distill.lopd.context": "text", "distill.micro_batch": 2})
     torch.manual_seed(0)
@@ -93,8 +94,9 @@ def test_text_teacher_logprobs_are_the_models_logprobs_behind_the_text_context(m
     assert len(got) == len(rows)
     max_tokens = cfg.distill.lopd.experience_max_tokens
     for row, exps, scores in zip(rows, experiences, got, strict=True):
-        context = TEXT_SEPARATOR.join(truncated_experience_text(tok, e, max_tokens=max_tokens) for e in exps)
-        prompt = text_context_prompt(tok, row.messages[: row.initial_messages], row.tools, context).ids
+        turns = [experience_turns(tok, e, max_tokens=max_tokens) for e in exps]
+        prompt = experiences_prompt(tok, row.messages[: row.initial_messages], row.tools, turns,
+                                    placement=cfg.distill.lopd.context_placement).ids
         shift = len(prompt) - row.prompt_len
         assert_forward_scores(policies, [*prompt, *row.token_ids[row.prompt_len:]],
                               [i + shift for i, m in enumerate(row.assistant_mask) if m], scores)

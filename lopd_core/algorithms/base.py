@@ -41,7 +41,8 @@ class StepInputs:
     retriever: Retriever | None = None
     """For methods that look up more (OPSD's same-task reference)."""
     group_size: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
+    bank_successes: list[Trajectory] = field(default_factory=list)
+    """The bank's successful episodes (LOPD re-scores some when a step has no success of its own)."""
 
 
 @runtime_checkable

@@ -92,8 +92,8 @@ class ColdStart:
             if any(is_same_episode(e, traj) for e in exps):
                 raise ValueError(f"cold start: trajectory {traj.trajectory_id} is among its own retrieved experiences; "
                                  "the composer would learn to copy it (filter with cold_start_examples)")
-            prompts.append(latent_prompt(tok, traj.messages[: traj.initial_messages], traj.tools,
-                                         n_latents=len(exps) * k, placeholder_id=tok.pad_token_id))
+            prompts.append(latent_prompt(tok, traj.messages[: traj.initial_messages], traj.tools, n_latents=len(exps) * k,
+                                         placeholder_id=tok.pad_token_id, placement=self.lopd.context_placement))
             pair_rows.append(list(range(len(pairs), len(pairs) + len(exps))))
             pairs.extend(ComposerPair(traj.task_id, traj.instruction, e) for e in exps)
         batch = teacher_batch([e.trajectory for e in examples], prompts, pad_id=tok.pad_token_id,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Literal
 
 from lopd_core.envs.base import Task
-from lopd_core.models.composer import experience_trajectory_text
+from lopd_core.models.composer import experience_text
 from lopd_core.records.chat import encode, render_text
 from lopd_core.records.experience import RetrievalQuery, Retriever
 from lopd_core.records.trajectory import Trajectory
@@ -46,7 +46,7 @@ def opsd_reference(tokenizer, task: Task, trajectory: Trajectory, retriever: Ret
                                before_step=step, exclude_same_task=False)
         for exp in retriever.retrieve(query, search_k):
             if exp.task_id == task.task_id:
-                return truncate_tokens(tokenizer, experience_trajectory_text(tokenizer, exp), max_tokens=max_tokens), "bank"
+                return experience_text(tokenizer, exp, max_tokens=max_tokens), "bank"
     if task.oracle:
         return truncate_tokens(tokenizer, task.oracle, max_tokens=max_tokens), "oracle"
     return "", "none"

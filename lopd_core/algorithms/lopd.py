@@ -27,6 +27,7 @@ Deviations and options (all in ``distill.lopd``):
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,28 +40,17 @@ from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_bat
 from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, rewards_tensor, student_logprobs
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
 from lopd_core.config import DistillConfig
+from lopd_core.envs.base import Task
 from lopd_core.metrics import Timer
-from lopd_core.models.composer import (
-    ComposerPair,
-    ComposerState,
-    anchor_latents,
-    compose,
-    experience_trajectory_text,
-)
-from lopd_core.models.latent import TEXT_SEPARATOR, inject_latents, latent_prompt, text_context_prompt
+from lopd_core.models.composer import ComposerPair, ComposerState, anchor_latents, compose, experience_turns
+from lopd_core.models.latent import experiences_prompt, inject_latents, latent_prompt
 from lopd_core.models.policy import ENCODER, PolicySet, causal_lm_parts, hidden_states, logprobs_at
-from lopd_core.records.chat import encode
-from lopd_core.records.experience import Experience
+from lopd_core.records.experience import Experience, RetrievalQuery
 from lopd_core.records.trajectory import Trajectory
 
 
 def _scalar(value: Tensor) -> float:
     return float(value.detach())
-
-
-def truncated_experience_text(tokenizer, experience: Experience, *, max_tokens: int) -> str:
-    ids = encode(tokenizer, experience_trajectory_text(tokenizer, experience))
-    return tokenizer.decode(ids[:max_tokens])
 
 
 @dataclass
@@ -167,6 +157,20 @@ class StudentOutput:
     token_logprobs: Tensor
 
 
+def privilege_summary(row_delta: Tensor, first_delta: Tensor, rewards: Tensor, *, success_reward: float,
+                      failure_reward: float) -> dict[str, float]:
+    """Per step: mean token δ on successes and on failures, and δ at the first action token of successes.
+
+    A teacher worth distilling from raises the student's successful actions (``privilege_success`` > 0),
+    most of all the first one, where a tool-use episode decides between calling a tool and answering."""
+    success, failure = rewards >= success_reward, rewards < failure_reward
+    nan = float("nan")
+    return {"distill/privilege_success": float(row_delta[success].mean()) if success.any() else nan,
+            "distill/privilege_failure": float(row_delta[failure].mean()) if failure.any() else nan,
+            "distill/privilege_first_token": float(first_delta[success].mean()) if success.any() else nan,
+            "distill/successes_scored": float(success.sum())}
+
+
 class LOPD:
     """The LOPD method behind the :class:`~lopd_core.algorithms.base.Algorithm` interface."""
 
@@ -179,6 +183,8 @@ class LOPD:
         if self.uses_latents and composer is None:
             raise ValueError("LOPD with distill.lopd.context='latent' needs a composer (cold start it first)")
         self.composer_trainable = self.uses_latents and not self.lopd.frozen_composer
+        self.margin = self.lopd.margin if self.lopd.margin_form == "signed" else self.lopd.balanced_margin
+        """m of the configured margin form (0 = no constraint)."""
         self.student_optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)
         self.composer_optimizer = None
         if self.composer_trainable:
@@ -197,13 +203,12 @@ class LOPD:
             initial = traj.messages[: traj.initial_messages]
             if self.uses_latents:
                 prompts.append(latent_prompt(tok, initial, traj.tools, n_latents=len(exps) * k,
-                                             placeholder_id=tok.pad_token_id))
+                                             placeholder_id=tok.pad_token_id, placement=self.lopd.context_placement))
                 pair_rows.append(list(range(len(pairs), len(pairs) + len(exps))))
                 pairs.extend(ComposerPair(task.task_id, task.instruction, e) for e in exps)
             else:
-                text = TEXT_SEPARATOR.join(truncated_experience_text(tok, e, max_tokens=self.lopd.experience_max_tokens)
-                                           for e in exps)
-                prompts.append(text_context_prompt(tok, initial, traj.tools, text))
+                turns = [experience_turns(tok, e, max_tokens=self.lopd.experience_max_tokens) for e in exps]
+                prompts.append(experiences_prompt(tok, initial, traj.tools, turns, placement=self.lopd.context_placement))
         return prompts, pairs, pair_rows
 
     def _teacher(self, batch, pairs, pair_rows, prefix=None) -> tuple[Tensor, Tensor | None]:
@@ -213,8 +218,9 @@ class LOPD:
                                        max_tokens=self.lopd.experience_max_tokens,
                                        micro_batch=self.lopd.encoder_micro_batch, prefix=prefix)
 
-    def _micro_batches(self, rows, tasks, experiences) -> list[MicroBatch]:
-        """Micro-batches of ``distill.micro_batch`` rollouts, each with its own teacher and student tensors."""
+    def _micro_batches(self, rows, tasks, experiences, *, offset: int = 0) -> list[MicroBatch]:
+        """Micro-batches of ``distill.micro_batch`` rollouts, each with its own teacher and student tensors;
+        ``offset`` places their rows after the step's other rows (re-scored bank successes)."""
         pad, device = self.policies.tokenizer.pad_token_id, self.policies.device
         size = self.cfg.micro_batch or len(rows)
         out = []
@@ -226,8 +232,28 @@ class LOPD:
             prefix = teacher_prefix(self.policies, t_batch) if self.uses_latents and self.lopd.teacher_prefix_cache else None
             out.append(MicroBatch(t_batch=t_batch, s_batch=s_batch, pairs=pairs, pair_rows=pair_rows,
                                   rewards=rewards_tensor(rows[part], device),
-                                  targets=s_batch.target_ids[s_batch.mask.bool()], rows=part, prefix=prefix))
+                                  targets=s_batch.target_ids[s_batch.mask.bool()],
+                                  rows=slice(part.start + offset, part.stop + offset), prefix=prefix))
         return out
+
+    def _rescored_successes(self, inputs: StepInputs, rows: list[Trajectory]):
+        """Bank successes to re-score when the step has none of its own (balanced margin only).
+
+        Their retrieval excludes their own episode and task; they enter Δ, never the KL or the student."""
+        lopd = self.lopd
+        if (lopd.margin_form != "balanced" or not lopd.rescore_successes or inputs.retriever is None
+                or any(t.reward >= lopd.success_reward for t in rows) or not inputs.bank_successes):
+            return [], [], []
+        rng = random.Random(inputs.step)
+        picked = rng.sample(inputs.bank_successes, min(lopd.rescore_successes, len(inputs.bank_successes)))
+        queries = [RetrievalQuery(instruction=t.instruction, task_id=t.task_id, episode_id=t.episode_id,
+                                  exclude_same_task=True, family=t.family if lopd.retrieval_family == "same" else "")
+                   for t in picked]
+        found = [inputs.retriever.retrieve(q, lopd.n_retrieved) for q in queries]
+        kept = [(t, e) for t, e in zip(picked, found, strict=True) if e]
+        return ([t for t, _ in kept], [Task(task_id=t.task_id, suite=t.suite, family=t.family, split=t.split, level=t.level,
+                      instruction=t.instruction) for t, _ in kept],
+                [e for _, e in kept])
 
     def step(self, inputs: StepInputs) -> dict[str, Any]:
         lopd, policies = self.lopd, self.policies
@@ -242,31 +268,34 @@ class LOPD:
         experiences = [inputs.retrieved[i][: lopd.n_retrieved] for i in chosen]
         with timer("teacher"):  # the prefix caches of the teacher prompts are built here
             batches = self._micro_batches(rows, [inputs.tasks[i] for i in chosen], experiences)
+            extra_rows, extra_tasks, extra_experiences = self._rescored_successes(inputs, rows)
+            extra = self._micro_batches(extra_rows, extra_tasks, extra_experiences, offset=len(rows)) if extra_rows else []
         n_tokens = sum(b.s_batch.n_tokens for b in batches)
         # reusing the teacher forward keeps its graph through the student phase: only without micro-batches
-        fused = lopd.reuse_teacher_forward and self.composer_trainable and len(batches) == 1
+        fused = lopd.reuse_teacher_forward and self.composer_trainable and len(batches) == 1 and not extra
 
         # --- teacher phase: top-M ids and log-probs at every supervised position (no grad) -------------
         with timer("teacher"):
             policies.train_mode(fused)
-            teacher = [self._teacher_phase(b, keep_graph=fused) for b in batches]
+            teacher = [self._teacher_phase(b, keep_graph=fused) for b in [*batches, *extra]]
 
         # --- student phase: top-M + tail reverse KL, global token mean, one optimizer step -------------
         with timer("student"):
             policies.train_mode(True)
-            student, student_loss, student_grad_norm = self._student_phase(batches, teacher, n_tokens=n_tokens)
+            student, student_loss, student_grad_norm = self._student_phase(batches, teacher, n_tokens=n_tokens,
+                                                                           extra=extra)
 
         # --- composer phase: KL on the same ids + β(m − Δ) + λ·anchor, one optimizer step on φ ------------
         with timer("composer"):
-            composer_metrics = self._composer_phase(batches, teacher, student, n_rollouts=len(rows))
+            composer_metrics = self._composer_phase([*batches, *extra], teacher, student, n_rollouts=len(rows))
         policies.train_mode(False)
 
         # --- dual step on β (Δ̂ from the composer-phase forward, before the φ step) --------------------
-        if self.composer_trainable and lopd.margin > 0:
-            self.composer.beta = losses.dual_ascent(self.composer.beta, composer_metrics["distill/privilege_delta"],
-                                                    margin=lopd.margin, lr=lopd.dual_lr)
+        if self.composer_trainable and self.margin > 0 and composer_metrics["distill/margin_signal"]:
+            self.composer.beta = losses.dual_ascent(self.composer.beta, composer_metrics["distill/dual_estimate"],
+                                                    margin=self.margin, lr=lopd.dual_lr)
 
-        tail = sum(float((1.0 - t.topm_logprobs.exp().sum(-1)).sum()) for t in teacher) / max(n_tokens, 1)
+        tail = sum(float((1.0 - t.topm_logprobs.exp().sum(-1)).sum()) for t in teacher[: len(batches)]) / max(n_tokens, 1)
         seconds = timer.total()
         return {
             **metrics, **composer_metrics,
@@ -279,6 +308,8 @@ class LOPD:
             "distill/teacher_tail_mass": tail,
             "distill/micro_batches": float(len(batches)),
             "distill/mean_experiences": sum(map(len, experiences)) / len(experiences),
+            "distill/rescored_successes": float(len(extra_rows)),
+            "distill/extra_forwards": float(2 * len(extra_rows) * (2 if self.composer_trainable else 1)),
             "distill/time_teacher_s": timer.seconds.get("teacher", 0.0),
             "distill/time_student_s": timer.seconds.get("student", 0.0),
             "distill/time_composer_s": timer.seconds.get("composer", 0.0),
@@ -297,11 +328,12 @@ class LOPD:
             out.logprobs, out.latents = logprobs, latents
         return out
 
-    def _student_phase(self, batches: list[MicroBatch], teacher: list[TeacherOutput], *,
-                       n_tokens: int) -> tuple[list[StudentOutput], float, float]:
-        """One optimizer step on the student; returns the pre-update student outputs, the loss and the grad norm."""
+    def _student_phase(self, batches: list[MicroBatch], teacher: list[TeacherOutput], *, n_tokens: int,
+                       extra: list[MicroBatch] = ()) -> tuple[list[StudentOutput], float, float]:
+        """One optimizer step on the student; returns the pre-update student outputs (of ``extra`` rows too,
+        which get no loss), the loss and the grad norm."""
         outputs, total = [], 0.0
-        for batch, t in zip(batches, teacher, strict=True):  # Σ (micro-batch KL sum / all tokens): the global mean
+        for batch, t in zip(batches, teacher, strict=False):  # Σ (micro-batch KL sum / all tokens): the global mean
             s_lp = student_logprobs(self.policies, batch.s_batch)
             student_topm = s_lp.gather(-1, t.topm_ids)
             kl = losses.topm_tail_reverse_kl(student_topm, t.topm_logprobs, grad_to="student")
@@ -311,6 +343,12 @@ class LOPD:
             outputs.append(StudentOutput(topm_logprobs=student_topm.detach(),
                                          token_logprobs=gather_tokens(s_lp.detach(), batch.targets)))
             del s_lp, student_topm, kl, loss
+        for batch, t in zip(extra, teacher[len(batches):], strict=True):
+            with torch.no_grad():
+                s_lp = student_logprobs(self.policies, batch.s_batch)
+            outputs.append(StudentOutput(topm_logprobs=s_lp.gather(-1, t.topm_ids),
+                                         token_logprobs=gather_tokens(s_lp, batch.targets)))
+            del s_lp
         grad_norm = clip_and_step(self.policies.student_parameters(), self.student_optimizer, max_norm=self.cfg.grad_clip)
         return outputs, total, grad_norm
 
@@ -318,15 +356,20 @@ class LOPD:
                         *, n_rollouts: int) -> dict[str, float]:
         """Per micro-batch its share of :func:`lopd_core.losses.composer_objective`, then one step on φ.
 
-        Without a trainable composer (frozen φ, text context) it only measures Δ from the teacher phase."""
+        Rows past ``n_rollouts`` are re-scored bank successes: they enter Δ only. Without a trainable composer
+        (frozen φ, text context) it only measures Δ from the teacher phase."""
         lopd = self.lopd
-        weights = losses.margin_weights(torch.cat([b.rewards for b in batches]))
+        rewards = torch.cat([b.rewards for b in batches])
+        weights = losses.margin_weights(rewards, form=lopd.margin_form, success_reward=lopd.success_reward,
+                                        failure_reward=lopd.failure_reward)
         n_anchor = sum(len(b.pairs) for b in batches) * lopd.n_latents * (self.composer.compressor.spec.hidden_size
                                                                           if self.composer is not None else 0)
+        gain = self.composer.compressor.spec.latent_gain if self.composer is not None else None
+        anchor_scale = 1.0 / gain ** 2 if lopd.anchor_units == "embedding_rms" and gain else 1.0
         totals = dict.fromkeys(("kl", "margin", "anchor", "loss", "latent_sq"), 0.0)
-        flat_delta, flat_advantage = [], []
+        flat_delta, flat_advantage, row_mean, row_first = [], [], [], []
         for batch, t, s_out in zip(batches, teacher, student, strict=True):
-            mask = batch.s_batch.mask
+            mask, rescored = batch.s_batch.mask, batch.rows.start >= n_rollouts
             if not self.composer_trainable:
                 delta = to_padded(losses.privilege_delta(t.token_logprobs, s_out.token_logprobs), mask)
                 totals["margin"] += float(losses.privilege_margin(delta, mask, weights[batch.rows]))
@@ -343,9 +386,10 @@ class LOPD:
                     anchor_target = anchor_latents(self.policies, self.composer, batch.pairs,
                                                    max_tokens=lopd.experience_max_tokens)
                 objective = losses.composer_objective(
-                    to_padded(kl_tokens, mask), delta, mask, weights[batch.rows], n_rollouts=n_rollouts, beta=self.beta,
-                    margin=lopd.margin, latents=latents, anchor_latents=anchor_target, anchor_weight=lopd.anchor_weight,
-                    n_anchor_values=max(n_anchor, 1))
+                    to_padded(kl_tokens, mask) * (0.0 if rescored else 1.0), delta, mask, weights[batch.rows],
+                    n_rollouts=n_rollouts, beta=self.beta, margin=self.margin, latents=latents,
+                    anchor_latents=anchor_target, anchor_weight=lopd.anchor_weight, n_anchor_values=max(n_anchor, 1),
+                    anchor_scale=anchor_scale, margin_share=0.0 if rescored else None)
                 with self.policies.composer_backward(latents):
                     objective.loss.backward()
                 for key in ("kl", "margin", "anchor", "loss"):
@@ -353,17 +397,26 @@ class LOPD:
                 totals["latent_sq"] += float(latents.detach().pow(2).sum())
                 t.logprobs = t.latents = None
                 del logprobs, latents, objective
-            flat_delta.append(delta.detach()[mask.bool()])
-            flat_advantage.append(losses.outcome_advantage(batch.rewards)[:, None].expand_as(mask)[mask.bool()])
-        delta_hat = losses.token_weighted_margin(torch.cat(flat_delta), torch.cat(flat_advantage),
-                                                 torch.ones(sum(len(d) for d in flat_delta), device=weights.device))
-        out = {"distill/privilege_delta": float(delta_hat), "distill/margin_delta": totals["margin"],
-               "distill/composer_updated": float(self.composer_trainable)}
+            detached = delta.detach()
+            row_mean.append(losses.rollout_token_mean(detached, mask))
+            row_first.append(detached[:, 0])
+            if not rescored:
+                flat_delta.append(detached[mask.bool()])
+                flat_advantage.append(losses.outcome_advantage(batch.rewards)[:, None].expand_as(mask)[mask.bool()])
+        delta_hat = float(losses.token_weighted_margin(torch.cat(flat_delta), torch.cat(flat_advantage),
+                                                       torch.ones(sum(len(d) for d in flat_delta), device=rewards.device)))
+        out = {"distill/privilege_delta": delta_hat, "distill/margin_delta": totals["margin"],
+               "distill/dual_estimate": delta_hat if lopd.margin_form == "signed" else totals["margin"],
+               "distill/margin_signal": float(bool((weights != 0).any())),
+               "distill/composer_updated": float(self.composer_trainable),
+               **privilege_summary(torch.cat(row_mean), torch.cat(row_first), rewards,
+                                   success_reward=lopd.success_reward, failure_reward=lopd.failure_reward)}
         if not self.composer_trainable:
             return out
         grad_norm = clip_and_step(composer_parameters(self.policies, self.composer), self.composer_optimizer,
                                   max_norm=self.cfg.grad_clip)
         return {**out, "distill/composer_kl": totals["kl"], "distill/anchor": totals["anchor"],
+                "distill/anchor_raw": totals["anchor"] / anchor_scale,
                 "distill/composer_loss": totals["loss"], "distill/composer_grad_norm": grad_norm,
                 "distill/latent_rms": (totals["latent_sq"] / max(n_anchor, 1)) ** 0.5,
                 "distill/anchor_cache_size": float(len(self.composer.anchor_cache))}

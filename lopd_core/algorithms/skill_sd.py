@@ -43,7 +43,7 @@ from lopd_core.algorithms.logprobs import (
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
 from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
-from lopd_core.models.composer import experience_trajectory_text
+from lopd_core.models.composer import experience_text
 from lopd_core.models.latent import TeacherPrompt, text_context_prompt
 from lopd_core.models.policy import STUDENT, PolicySet, hidden_states, logprobs_at
 from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids
@@ -137,7 +137,7 @@ class SkillSD:
         tok = self.policies.tokenizer
         prompts = []
         for exp in experiences:
-            solved = truncate_tokens(tok, experience_trajectory_text(tok, exp), max_tokens=self.cfg.lopd.experience_max_tokens)
+            solved = experience_text(tok, exp, max_tokens=self.cfg.lopd.experience_max_tokens)
             prompts.append(render_prompt_ids(tok, [
                 {"role": "system", "content": "You turn solved tasks into short reusable skills."},
                 {"role": "user", "content": f"A solved task:\n{solved}\n\nIn one or two sentences, state the general "

@@ -1,10 +1,9 @@
 """Constructed trajectories and experiences for unit tests and benchmarks (not for training runs).
 
-What it is: :func:`make_trajectory` builds a :class:`~lopd_core.records.trajectory.Trajectory` the way the
-agent loop does — the initial prompt rendered once with the real chat template, each assistant reply
-tokenised and closed with the end-of-turn id and marked in ``assistant_mask``, and the template text
-between turns (tool responses, next assistant header) from :func:`lopd_core.records.chat.turn_suffix_ids` —
-so that the alignment a teacher relies on is exercised exactly. :func:`sized_trajectory` pads the texts to
+What it is: :func:`make_trajectory` builds a :class:`~lopd_core.records.trajectory.Trajectory` from a system
+prompt, a request and scripted replies exactly as the agent loop would have
+(:func:`lopd_core.rollout.oracle.scripted_trajectory`), so that the alignment a teacher relies on is
+exercised exactly. :func:`sized_trajectory` pads the texts to
 reach given prompt / reply lengths (benchmarks on SmolLM2-135M at the demo sizes).
 
 What it is not: a rollout. Nothing here samples from a model; rewards and sampling log-probs are given.
@@ -15,9 +14,9 @@ from __future__ import annotations
 import random
 
 from lopd_core.envs.base import Task
-from lopd_core.records.chat import encode, end_of_turn_ids, render_prompt_ids, turn_suffix_ids
 from lopd_core.records.experience import Experience
 from lopd_core.records.trajectory import Trajectory
+from lopd_core.rollout.oracle import scripted_trajectory
 
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
           "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -31,23 +30,14 @@ def make_trajectory(tokenizer, *, task_id: str, instruction: str, replies: list[
     observations = list(observations or [])
     if len(observations) not in (len(replies) - 1, len(replies)) and observations:
         raise ValueError(f"{len(replies)} replies need {len(replies) - 1} observations between them")
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
-    prompt = render_prompt_ids(tokenizer, messages, tools)
-    ids, mask, logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
-    eot = end_of_turn_ids(tokenizer)[-1]
-    for k, reply in enumerate(replies):
-        generated = [*encode(tokenizer, reply), eot]
-        following = [{"role": "tool", "content": observations[k]}] if k < len(observations) else []
-        suffix = turn_suffix_ids(tokenizer, messages, generated, following, tools)
-        ids += generated + suffix
-        mask += [1] * len(generated) + [0] * len(suffix)
-        logprobs += [sampling_logprob] * len(generated) + [0.0] * len(suffix)
-        messages = [*messages, {"role": "assistant", "content": reply}, *following]
+    task = Task(task_id=task_id, suite=suite, family=family, split="train", level=1, instruction=instruction,
+                tools=list(tools or []))
     kwargs = {"episode_id": episode_id} if episode_id else {}
-    return Trajectory(task_id=task_id, suite=suite, family=family, split="train", level=1, instruction=instruction,
-                      messages=messages, initial_messages=2, tools=list(tools or []), token_ids=ids, prompt_len=len(prompt),
-                      assistant_mask=mask, sampling_logprobs=logprobs, reward=reward, success=reward >= 0.8,
-                      feedback=feedback, status=status, n_turns=len(replies), messages_lite=messages, **kwargs)
+    return scripted_trajectory(tokenizer, initial=[{"role": "system", "content": system},
+                                                   {"role": "user", "content": instruction}],
+                               replies=replies, observations=[{"role": "tool", "content": o} for o in observations],
+                               task=task, reward=reward, success=reward >= 0.8, feedback=feedback, status=status,
+                               sampling_logprob=sampling_logprob, **kwargs)
 
 
 def task_of(trajectory: Trajectory, *, oracle: str = "") -> Task:

@@ -40,6 +40,7 @@ from lopd_core.config import Config
 from lopd_core.envs import suite_kind
 from lopd_core.memory.embedder import content_embedder
 from lopd_core.memory.sql import sql_in
+from lopd_core.records.experience import experience_content
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,26 +50,8 @@ if TYPE_CHECKING:
 DROP_REASONS = ("not_train_split", "status_error", "status_truncated", "below_success_threshold", "empty_text",
                 "duplicate", "near_duplicate", "per_task_cap", "family_balance")
 _TRAJECTORY_COLUMNS = ["trajectory_id", "episode_id", "task_id", "suite", "family", "split", "level", "instruction",
-                       "messages", "reward", "status", "policy_version", "observation_lite", "messages_lite",
-                       "cycle_id", "step"]
-
-
-def shorten(text: str, *, max_chars: int) -> str:
-    if len(text) <= max_chars:
-        return text
-    head, tail = max_chars * 2 // 3, max_chars // 3
-    return f"{text[:head]} …[{len(text) - head - tail} chars omitted]… {text[-tail:]}"
-
-
-def lite_messages(messages: list[dict[str, Any]], *, max_chars: int) -> list[dict[str, Any]]:
-    """``messages`` with tool observations longer than ``max_chars`` shortened."""
-    return [{**m, "content": shorten(m.get("content") or "", max_chars=max_chars)} if m.get("role") == "tool" else m
-            for m in messages]
-
-
-def lite_text(messages: list[dict[str, Any]]) -> str:
-    """The episode after the system prompt as ``role: content`` lines."""
-    return "\n".join(f"{m['role']}: {m.get('content') or ''}" for m in messages if m.get("role") != "system")
+                       "messages", "initial_messages", "reward", "status", "policy_version", "observation_lite",
+                       "messages_lite", "cycle_id", "step"]
 
 
 def _normalised(text: str) -> str:
@@ -128,13 +111,14 @@ def _experience_row(t: dict[str, Any], *, kind: str, max_chars: int) -> dict[str
 
     messages = json.loads(t["messages"]) if isinstance(t.get("messages"), str) else list(t.get("messages") or [])
     lite = json.loads(t["messages_lite"]) if isinstance(t.get("messages_lite"), str) else list(t.get("messages_lite") or [])
-    lite = lite or lite_messages(messages, max_chars=max_chars)
-    text = t.get("observation_lite") or lite_text(lite)
+    initial = t.get("initial_messages")
+    turns, text = experience_content(messages, instruction=t["instruction"], max_chars=max_chars, messages_lite=lite,
+                                     initial_messages=None if initial is None else int(initial))
     return {
         "experience_id": t["trajectory_id"], "trajectory_id": t["trajectory_id"], "episode_id": t["episode_id"],
         "task_id": t["task_id"], "suite": t["suite"], "suite_kind": kind, "family": t.get("family") or "",
         "split": t["split"], "level": int(t["level"]), "instruction": t["instruction"], "text": text,
-        "messages": json.dumps(lite, ensure_ascii=False, sort_keys=True), "reward": float(t["reward"]),
+        "messages": json.dumps(turns, ensure_ascii=False, sort_keys=True), "reward": float(t["reward"]),
         "step": int(t["step"]), "cycle_id": t.get("cycle_id") or "", "policy_version": t["policy_version"],
         "n_tokens": int(t.get("n_tokens") or 0), "content_vector": None, "schema_version": SCHEMA_VERSION,
     }

@@ -51,6 +51,8 @@ def leakage_filter(query: RetrievalQuery) -> str:
         parts.append(f"task_id != {sql_literal(query.task_id)}")
     if query.before_step is not None:
         parts.append(f"step < {int(query.before_step)}")
+    if query.family:
+        parts.append(f"family = {sql_literal(query.family)}")
     return " AND ".join(parts)
 
 

@@ -42,8 +42,8 @@ from lopd_core.models.policy import (
     load_adapter,
     save_adapter,
 )
-from lopd_core.records.chat import encode, render_text
-from lopd_core.records.experience import Experience
+from lopd_core.records.chat import encode, fit_turns, render_turns
+from lopd_core.records.experience import Experience, own_turns
 
 
 @dataclass(frozen=True)
@@ -129,22 +129,33 @@ def compressor_spec(lopd_cfg: LOPDConfig, backbone_config, *, embed_rms: float) 
 
 # --------------------------------------------------------------------------------------------------
 # Encoder inputs
-def experience_trajectory_text(tokenizer, experience: Experience) -> str:
-    """The experience rendered with the chat template (system turns dropped: they carry no task content)."""
-    messages = [m for m in experience.messages if m.get("role") != "system"]
-    if not messages:
-        return experience.text
-    normalised = [{**m, "content": m.get("content") or ""} for m in messages]
-    return render_text(tokenizer, normalised, None, add_generation_prompt=False)
+def experience_turns(tokenizer, experience: Experience, *, max_tokens: int) -> list[dict]:
+    """An experience's own turns (:func:`lopd_core.records.experience.own_turns`) fitted to ``max_tokens``
+    (:func:`lopd_core.records.chat.fit_turns`): what a teacher and the encoder are shown of it."""
+    turns = own_turns(experience.messages, instruction=experience.instruction)
+    if not turns:
+        turns = [{"role": "user", "content": experience.text}]
+    return fit_turns(tokenizer, turns, max_tokens=max_tokens)
 
 
-def encoder_text(tokenizer, task_instruction: str, experience: Experience) -> str:
-    return (f"Task to solve:\n{task_instruction}\n\nReference past trajectory:\n"
-            f"{experience_trajectory_text(tokenizer, experience)}")
+def experience_text(tokenizer, experience: Experience, *, max_tokens: int) -> str:
+    """An experience rendered with the chat template and no system turn, in at most ``max_tokens`` tokens:
+    the task request, the agent's actions, the tool observations (shortened first when it does not fit)."""
+    return render_turns(tokenizer, experience_turns(tokenizer, experience, max_tokens=max_tokens))
+
+
+ENCODER_HEADER = "Task to solve:\n{task}\n\nReference past trajectory:\n"
+
+
+def encoder_text(tokenizer, task_instruction: str, experience: Experience, *, max_tokens: int) -> str:
+    """The encoder's input for one (task, experience) pair; the experience gets what the header leaves."""
+    header = ENCODER_HEADER.format(task=task_instruction)
+    budget = max(max_tokens - len(encode(tokenizer, header)), 1)
+    return header + experience_text(tokenizer, experience, max_tokens=budget)
 
 
 def encoder_ids(tokenizer, task_instruction: str, experience: Experience, *, max_tokens: int) -> list[int]:
-    return encode(tokenizer, encoder_text(tokenizer, task_instruction, experience))[:max_tokens]
+    return encode(tokenizer, encoder_text(tokenizer, task_instruction, experience, max_tokens=max_tokens))[:max_tokens]
 
 
 def pad_right(sequences: list[list[int]], *, pad_id: int, device) -> tuple[Tensor, Tensor]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lopd_core.records.experience import shorten_observation
+
 SENTINEL = "\u2063LOPD-SENTINEL\u2063"
 
 
@@ -102,3 +104,52 @@ def turn_suffix_ids(tokenizer, messages: list[dict[str, Any]], generated_ids: li
         if after.startswith(eot_text):
             after = after[len(eot_text):]
     return encode(tokenizer, after)
+
+
+def render_turns(tokenizer, messages: list[dict[str, Any]]) -> str:
+    """Chat turns rendered with the model's template but with no system turn at all.
+
+    Templates insert a default system prompt when the conversation has none (SmolLM2's "You are a helpful
+    AI assistant named SmolLM…"); an experience shown to a teacher or an encoder must not carry one. The
+    turns are rendered behind a sentinel system turn, which is then cut off whole.
+    """
+    normalised = [{**m, "content": m.get("content") or ""} for m in messages]
+    head = render_text(tokenizer, [{"role": "system", "content": SENTINEL}], None, add_generation_prompt=False)
+    full = render_text(tokenizer, [{"role": "system", "content": SENTINEL}, *normalised], None,
+                       add_generation_prompt=False)
+    if not full.startswith(head):
+        raise ValueError("the chat template renders a system turn differently when turns follow it; "
+                         "render_turns cannot cut it off (a template this project does not support yet)")
+    return full[len(head):]
+
+
+OBSERVATION_STEPS = (None, 200, 100, 50)
+"""When turns do not fit, tool observations are shortened to these many characters in turn, then whole
+turns are dropped from the end."""
+
+
+def fit_turns(tokenizer, turns: list[dict[str, Any]], *, max_tokens: int) -> list[dict[str, Any]]:
+    """``turns`` cut to render (:func:`render_turns`) in at most ``max_tokens`` tokens, never inside an action.
+
+    Observations are shortened first, then whole turns are dropped from the end, so the request and the
+    first action stay; only a request that alone is too long is cut, by tokens.
+    """
+    def size(candidate: list[dict[str, Any]]) -> int:
+        return len(encode(tokenizer, render_turns(tokenizer, candidate)))
+
+    fitted = turns
+    for max_chars in OBSERVATION_STEPS:
+        fitted = turns if max_chars is None else [
+            {**m, "content": shorten_observation(str(m.get("content") or ""), max_chars=max_chars)}
+            if m.get("role") == "tool" else m for m in turns]
+        if size(fitted) <= max_tokens:
+            return fitted
+    while len(fitted) > 1:
+        fitted = fitted[:-1]
+        if size(fitted) <= max_tokens:
+            return fitted
+    request = dict(fitted[0]) if fitted else {"role": "user", "content": ""}
+    ids = encode(tokenizer, str(request.get("content") or ""))
+    while ids and size([{**request, "content": tokenizer.decode(ids)}]) > max_tokens:
+        ids = ids[: max(len(ids) - max(len(ids) // 8, 1), 0)]
+    return [{**request, "content": tokenizer.decode(ids)}]

@@ -36,6 +36,7 @@ from typing import Any
 
 from lopd_core.config import RolloutConfig
 from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids, turn_suffix_ids
+from lopd_core.records.experience import observation_lite_messages, render_observation_lite
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.rollout.engines.base import Engine, SamplingParams
 
@@ -44,35 +45,6 @@ MIN_TURN_TOKENS = 8
 
 
 # --------------------------------------------------------------------------------------------------
-def shorten_observation(text: str, *, max_chars: int) -> str:
-    """``text`` if it fits in ``max_chars``, else its head and tail around an omission marker, within max_chars."""
-    if max_chars < 16:
-        raise ValueError(f"max_chars must be at least 16 (got {max_chars})")
-    if len(text) <= max_chars:
-        return text
-    marker = f" …[{len(text)} chars, shortened]… "
-    room = max(max_chars - len(marker), 2)
-    head = (room * 2) // 3
-    tail = room - head
-    return text[:head] + marker + text[len(text) - tail:]
-
-
-def observation_lite_messages(messages: list[dict[str, Any]], initial_messages: int, *,
-                              max_chars: int) -> list[dict[str, Any]]:
-    """Messages with every non-assistant message after the initial prompt (tool/env observations) shortened."""
-    lite = []
-    for i, msg in enumerate(messages):
-        if i >= initial_messages and msg.get("role") != "assistant" and isinstance(msg.get("content"), str):
-            msg = {**msg, "content": shorten_observation(msg["content"], max_chars=max_chars)}
-        lite.append(msg)
-    return lite
-
-
-def render_observation_lite(messages_lite: list[dict[str, Any]]) -> str:
-    """Plain-text rendering of an episode for the experience store (the system prompt is left out)."""
-    return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages_lite if m.get("role") != "system")
-
-
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class _Episode:
