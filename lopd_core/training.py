@@ -58,7 +58,7 @@ from lopd_core.algorithms.cold_start import (
 )
 from lopd_core.checkpoint import latest_checkpoint, read_checkpoint, restore_trainer_state, save_checkpoint
 from lopd_core.config import Config
-from lopd_core.envs import Suite
+from lopd_core.envs import Suite, Task
 from lopd_core.metrics import InMemoryLogger, MetricLogger, MultiLogger, numeric
 from lopd_core.models.composer import (
     ComposerState,
@@ -73,6 +73,7 @@ from lopd_core.records.trajectory import Trajectory
 from lopd_core.registry import is_base_marker
 from lopd_core.rollout.agent import play, summarize_trajectories
 from lopd_core.rollout.engines import make_engine
+from lopd_core.rollout.oracle import oracle_experience
 from lopd_core.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -168,13 +169,19 @@ def task_order(suite: Suite, cfg: Config, *, n_tasks: int, tasks: list | None = 
 
 
 def retrieve_for(retriever: Retriever | None, tasks: list, trajectories: list[Trajectory], *, step: int, k: int,
-                 exclude_same_task: bool, group_size: int) -> tuple[list[list[Experience]], dict[str, float]]:
-    """J experiences per task (one query per group), the leakage rules in the query; plus memory/* metrics."""
+                 exclude_same_task: bool, group_size: int, same_family: bool = False,
+                 fallback: Callable[[Task], Experience] | None = None) -> tuple[list[list[Experience]], dict[str, float]]:
+    """J experiences per task (one query per group), the leakage rules in the query; plus memory/* metrics.
+
+    ``same_family`` keeps retrieval inside the task's family (a task whose family has no experience gets
+    none: no distillation loss, never another family's experiences). ``fallback(task)`` (the oracle
+    fallback) gives such a task one experience instead, counted in ``memory/fallback_contexts``.
+    """
     if retriever is None:
         return [[] for _ in trajectories], {"memory/hit_rate": 0.0}
     queries = [RetrievalQuery(instruction=tasks[i].instruction, task_id=tasks[i].task_id,
                               episode_id=trajectories[i].episode_id, before_step=step,
-                              exclude_same_task=exclude_same_task)
+                              exclude_same_task=exclude_same_task, family=tasks[i].family if same_family else "")
                for i in range(0, len(trajectories), group_size)]
     if hasattr(retriever, "retrieve_batch"):
         per_group = retriever.retrieve_batch(queries, k)
@@ -183,15 +190,19 @@ def retrieve_for(retriever: Retriever | None, tasks: list, trajectories: list[Tr
     # never a rollout of this step: an experience with the same episode id as any sibling is dropped
     step_episodes = {t.episode_id for t in trajectories}
     per_group = [[e for e in hits if e.episode_id not in step_episodes] for hits in per_group]
-    retrieved = [per_group[i // group_size] for i in range(len(trajectories))]
     hits = [e for group in per_group for e in group]
     same = sum(e.task_id == q.task_id for q, group in zip(queries, per_group, strict=True) for e in group)
-    return retrieved, {
-        "memory/hit_rate": sum(bool(g) for g in per_group) / len(per_group),
-        "memory/mean_retrieved": len(hits) / len(per_group),
-        "memory/same_task_rate": same / len(hits) if hits else 0.0,
-        "memory/mean_score": sum(e.score for e in hits) / len(hits) if hits else 0.0,
-    }
+    metrics = {"memory/hit_rate": sum(bool(g) for g in per_group) / len(per_group),
+               "memory/mean_retrieved": len(hits) / len(per_group),
+               "memory/same_task_rate": same / len(hits) if hits else 0.0,
+               "memory/mean_score": sum(e.score for e in hits) / len(hits) if hits else 0.0,
+               "memory/fallback_contexts": 0.0}
+    if fallback is not None:
+        for g, group in enumerate(per_group):
+            if not group:
+                per_group[g] = [fallback(tasks[g * group_size])]
+                metrics["memory/fallback_contexts"] += 1.0
+    return [per_group[i // group_size] for i in range(len(trajectories))], metrics
 
 
 def rollout_metrics(trajectories: list[Trajectory], wall_s: float) -> dict[str, float]:
@@ -271,6 +282,10 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
     engine.update_policy(policies.student_module(), f"{run_dir.name}/step{start_step - 1}" if start_step else "init")
     logger = MultiLogger(logger, history := InMemoryLogger())
     tok = policies.tokenizer
+    fallback = None
+    if d.method == "lopd" and d.lopd.oracle_fallback:
+        def fallback(task: Task) -> Experience:
+            return oracle_experience(tok, suite, task, max_chars=cfg.rollout.observation_max_chars)
     checkpoint, last_metrics = (info.path if info else None), {}
 
     bar = tqdm(range(start_step, d.steps), desc=f"{d.method} steps", unit="step", disable=not progress)
@@ -288,7 +303,8 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
         # --- retrieval: J experiences per task, pinned table, leakage rules ----------------------------
         retrieved, memory_metrics = retrieve_for(retriever, episode_tasks, trajectories, step=step,
                                                  k=d.lopd.n_retrieved, exclude_same_task=d.lopd.exclude_same_task,
-                                                 group_size=g)
+                                                 group_size=g, same_family=d.lopd.retrieval_family == "same",
+                                                 fallback=fallback)
         metrics.update(memory_metrics)
 
         # --- the method's step ---------------------------------------------------------------------------

@@ -117,3 +117,29 @@ def test_lopd_without_a_cold_started_composer_says_what_to_do(tmp_path, models_d
     with pytest.raises(ValueError, match="cold-started composer"):
         train(smoke(tmp_path, models_dir), suite=suite, bank=pinned(retriever, trajectories), run_dir=tmp_path / "r",
               progress=False)
+
+
+def test_retrieval_stays_in_the_task_family_and_the_oracle_fills_in_only_when_asked(tiny_tokenizer):
+    from lopd_core.rollout.oracle import oracle_episode, oracle_experience
+    from lopd_core.training import retrieve_for
+
+    suite = get_suite("toolworld")
+    tasks = suite.tasks("train", 8, level=1, seed=11)
+    episodes = [oracle_episode(tiny_tokenizer, suite, t) for t in tasks]
+    assert all(e.success and e.reward == 1.0 for e in episodes)  # the oracle solves every task
+    bank_family = tasks[0].family
+    retriever = InMemoryRetriever([experience_of(e) for e, t in zip(episodes, tasks, strict=True)
+                                   if t.family == bank_family][:3])
+    others = [t for t in tasks if t.family != bank_family][:2]
+    rollouts = [e for e, t in zip(episodes, tasks, strict=True) if t in others]
+    same, metrics = retrieve_for(retriever, others, rollouts, step=0, k=2, exclude_same_task=True, group_size=1,
+                                 same_family=True)
+    assert same == [[], []] and metrics["memory/hit_rate"] == 0.0  # no experience of their family: nothing
+    anything, _ = retrieve_for(retriever, others, rollouts, step=0, k=2, exclude_same_task=True, group_size=1)
+    assert all(anything)  # the paper's rule hands them another family's experiences
+    filled, metrics = retrieve_for(retriever, others, rollouts, step=0, k=2, exclude_same_task=True, group_size=1,
+                                   same_family=True,
+                                   fallback=lambda task: oracle_experience(tiny_tokenizer, suite, task, max_chars=400))
+    assert metrics["memory/fallback_contexts"] == 2.0
+    assert [e[0].experience_id for e in filled] == [f"oracle/{t.task_id}" for t in others]
+    assert filled[0][0].messages[0] == {"role": "user", "content": others[0].instruction}
