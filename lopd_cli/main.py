@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from lopd_cli import compare, memory, models, pipeline, rollout, sandbox, train
+from lopd_cli import compare, memory, models, pipeline, probe, rollout, sandbox, train
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="LOPD: continual learning for LLM agents.")
 app.add_typer(models.models_app, name="models")
@@ -22,6 +22,8 @@ app.command()(train.distill)
 for _name in ("cycle", "serve", "backfill", "evaluate", "promote", "rollback"):
     app.command(_name)(getattr(pipeline, _name))
 app.command()(compare.compare)
+app.command("probe-passk")(probe.probe_passk)
+app.command("probe-teacher")(probe.probe_teacher)
 
 
 def main() -> None:

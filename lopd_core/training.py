@@ -55,6 +55,7 @@ from lopd_core.algorithms.cold_start import (
     batches,
     cold_start_examples,
     trajectory_from_experience,
+    validation_split,
 )
 from lopd_core.checkpoint import latest_checkpoint, read_checkpoint, restore_trainer_state, save_checkpoint
 from lopd_core.config import Config
@@ -68,6 +69,7 @@ from lopd_core.models.composer import (
     save_composer,
 )
 from lopd_core.models.policy import PolicySet, build_policy_set
+from lopd_core.privilege import probe_teacher
 from lopd_core.records.experience import Bank, Experience, RetrievalQuery, Retriever, experience_content
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.registry import is_base_marker
@@ -108,15 +110,28 @@ class TrainResult:
 class ColdStartResult:
     composer_dir: Path
     steps: int
+    """Steps run (fewer than cold_start.steps when it stopped early)."""
     examples: int
     skipped: dict[str, int]
     nll_first: float
     nll_last: float
     history: list[dict[str, float]] = field(default_factory=list)
+    validation_examples: int = 0
+    val_nll_first: float = float("nan")
+    """Validation NLL per token with the latents, before the first step."""
+    val_nll_best: float = float("nan")
+    """The best validation NLL with the latents (the composer kept)."""
+    val_nll_without_latents: float = float("nan")
+    """The same tokens' NLL under the base model without any context: the latents help when below it."""
+    best_step: int = 0
+    stopped_early: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"composer_dir": str(self.composer_dir), "steps": self.steps, "examples": self.examples,
-                "skipped": self.skipped, "nll_first": self.nll_first, "nll_last": self.nll_last}
+                "skipped": self.skipped, "nll_first": self.nll_first, "nll_last": self.nll_last,
+                "validation_examples": self.validation_examples, "val_nll_first": self.val_nll_first,
+                "val_nll_best": self.val_nll_best, "val_nll_without_latents": self.val_nll_without_latents,
+                "best_step": self.best_step, "stopped_early": self.stopped_early}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -229,6 +244,44 @@ def experiences_from_trajectories(trajectories: list[Trajectory], cfg: Config, *
     return out
 
 
+class NotPrivilegedError(ValueError):
+    """The teacher does not raise the base model's successful actions: distilling from it would not help."""
+
+
+GATE_SUCCESSES = 8
+"""How many bank successes the privilege gate scores (forward passes only)."""
+
+
+def privilege_gate(cfg: Config, policies: PolicySet, suite: Suite, bank: Bank, *,
+                   composer: ComposerState | None) -> dict[str, float]:
+    """Before the first LOPD step: the teacher's δ on the bank's successes (the base model's own actions).
+
+    Privileged = the mean token δ on successes is positive and the first action token's δ is not clearly
+    negative (≥ −0.02). When it is not, ``distill.lopd.privilege_gate`` decides: ``stop`` raises
+    :class:`NotPrivilegedError` with the figures, ``warn`` logs them and trains anyway."""
+    lopd = cfg.distill.lopd
+    summary = probe_teacher(cfg, policies, suite, bank.successes, bank, composer=composer,
+                            max_successes=GATE_SUCCESSES, max_failures=0)
+    success, first = summary["privilege_success"], summary["privilege_first_token"]
+    if summary["successes"] == 0:
+        log.warning("privilege gate: no bank success could be scored (none has another experience of its family to "
+                    "retrieve); the teacher is not checked")
+        return {"privileged": float("nan"), "successes": 0.0}
+    privileged = success > 0 and first >= -0.02
+    result = {"privileged": float(privileged), "privilege_success": success, "privilege_first_token": first,
+              "successes": float(summary["successes"])}
+    if not privileged:
+        teacher = "latent" if composer is not None else "text"
+        message = (f"the {teacher} teacher is not privileged on the bank's successes: mean δ {success:+.3f} per action "
+                   f"token, {first:+.3f} at the first action ({summary['successes']} successes scored); distilling "
+                   "from it would move the student away from what it already does right. Check `lopd probe-teacher`, "
+                   "distill.lopd.context_placement and the bank, or set distill.lopd.privilege_gate=warn to train anyway")
+        if lopd.privilege_gate == "stop":
+            raise NotPrivilegedError(message)
+        log.warning(message)
+    return result
+
+
 # --------------------------------------------------------------------------------------------------
 def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, student_init: Path | None = None,
           composer_init: Path | None = None, logger: MetricLogger | None = None, resume: bool = True,
@@ -274,6 +327,9 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
     budget["pretraining_episodes"] = float(pretraining_episodes or budget.get("pretraining_episodes", 0.0))
     retriever = bank.retriever if bank is not None else None
     table_version = bank.version if bank is not None else None
+    gate = {}
+    if d.method == "lopd" and start_step == 0 and d.lopd.privilege_gate != "off" and bank is not None and bank.successes:
+        gate = privilege_gate(cfg, policies, suite, bank, composer=composer if needs_composer(cfg) else None)
 
     g = algorithm.episodes_per_task
     tasks_per_step = d.tasks_per_step // g
@@ -299,6 +355,8 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
                             policy_version=f"{run_dir.name}/step{step - 1}" if step else "init", step=step,
                             cycle_id=run_dir.name)
         metrics = rollout_metrics(trajectories, time.perf_counter() - started)
+        if step == 0:
+            metrics.update({f"gate/{k}": v for k, v in gate.items()})
 
         # --- retrieval: J experiences per task, pinned table, leakage rules ----------------------------
         retrieved, memory_metrics = retrieve_for(retriever, episode_tasks, trajectories, step=step,
@@ -372,22 +430,45 @@ def cold_start(cfg: Config, *, retriever: Retriever, out_dir: Path, trajectories
         trajectories = [trajectory_from_experience(policies.tokenizer, e) for e in experiences]
     examples, skipped = cold_start_examples(trajectories, retriever, n_retrieved=lopd.n_retrieved,
                                             exclude_same_task=lopd.exclude_same_task,
-                                            success_threshold=success_threshold)
+                                            success_threshold=success_threshold,
+                                            same_family=lopd.retrieval_family == "same")
+    train_examples, val_examples = validation_split(examples, fraction=cold.validation_fraction, seed=cfg.distill.seed)
     history: list[dict[str, float]] = []
+    val = {"first": float("nan"), "best": float("nan"), "plain": float("nan"), "best_step": 0, "stopped": False}
     if cold.steps > 0:
         trainer = ColdStart(cfg.distill, policies, composer)
-        for i, batch in enumerate(tqdm(batches(examples, batch_size=cold.batch_size, steps=cold.steps, seed=cfg.distill.seed),
+        best = None
+        if val_examples:
+            val["first"], val["plain"] = trainer.validation_nll(val_examples)
+            val["best"], best, waited = val["first"], trainer.snapshot(), 0
+        for i, batch in enumerate(tqdm(batches(train_examples, batch_size=cold.batch_size, steps=cold.steps,
+                                               seed=cfg.distill.seed),
                                        total=cold.steps, desc="cold start", unit="step", disable=not progress)):
             metrics = trainer.step(batch)
+            if val_examples and ((i + 1) % cold.eval_every == 0 or i + 1 == cold.steps):
+                nll, _ = trainer.validation_nll(val_examples)
+                metrics.update({"cold_start/val_nll": nll, "cold_start/val_nll_without_latents": val["plain"]})
+                if nll < val["best"] - 1e-6:
+                    val["best"], val["best_step"], best, waited = nll, i + 1, trainer.snapshot(), 0
+                else:
+                    waited += 1
             history.append(metrics)
             if logger is not None:
                 logger.log(metrics, step=i)
+            if val_examples and cold.patience and waited >= cold.patience:
+                val["stopped"] = True
+                break
+        if best is not None:
+            trainer.restore(best)
     if not composer.has_phi0:
         freeze_phi0(policies, composer)
     nll = [m["cold_start/nll"] for m in history]
-    composer.info["cold_start"] = {"steps": cold.steps, "examples": len(examples), "nll_first": nll[0] if nll else None,
-                                   "nll_last": nll[-1] if nll else None}
+    composer.info["cold_start"] = {"steps": len(history), "examples": len(examples), "nll_first": nll[0] if nll else None,
+                                   "nll_last": nll[-1] if nll else None, "val_nll_best": val["best"],
+                                   "val_nll_without_latents": val["plain"], "best_step": val["best_step"]}
     save_composer(policies, composer, Path(out_dir))
-    return ColdStartResult(composer_dir=Path(out_dir), steps=cold.steps, examples=len(examples), skipped=skipped,
+    return ColdStartResult(composer_dir=Path(out_dir), steps=len(history), examples=len(examples), skipped=skipped,
                            nll_first=nll[0] if nll else float("nan"), nll_last=nll[-1] if nll else float("nan"),
-                           history=history)
+                           history=history, validation_examples=len(val_examples), val_nll_first=val["first"],
+                           val_nll_best=val["best"], val_nll_without_latents=val["plain"], best_step=val["best_step"],
+                           stopped_early=val["stopped"])

@@ -99,3 +99,25 @@ def test_cold_start_micro_batches_give_the_same_step(tiny_tokenizer, models_dir)
         trainer = ColdStart(cfg.distill, policies, composer)
         nll.append([trainer.step(examples[:3])["cold_start/nll"] for _ in range(2)])
     assert nll[0] == pytest.approx(nll[1], rel=1e-5)
+
+
+def test_cold_start_holds_out_tasks_keeps_its_best_composer_and_stops_early(tiny_tokenizer, models_dir, tmp_path):
+    from lopd_core.algorithms.cold_start import validation_split
+    from lopd_core.training import cold_start
+
+    rows, retriever = bank(tiny_tokenizer)
+    examples, _ = cold_start_examples(rows, retriever, n_retrieved=1, exclude_same_task=True)
+    train, held = validation_split(examples, fraction=0.5, seed=0)
+    assert len(train) == len(held) == 2 and not {e.trajectory.task_id for e in train} & {e.trajectory.task_id for e in held}
+    assert validation_split(examples[:1], fraction=0.5, seed=0) == (examples[:1], [])  # a lone task trains
+
+    cfg = load_config("smoke").with_overrides({
+        "workspace.models_dir": str(models_dir), "distill.lopd.retrieval_family": "any",
+        "distill.lopd.cold_start.steps": 30, "distill.lopd.cold_start.lr": 0.3,  # too large: it overshoots
+        "distill.lopd.cold_start.validation_fraction": 0.5, "distill.lopd.cold_start.eval_every": 1,
+        "distill.lopd.cold_start.patience": 2})
+    result = cold_start(cfg, retriever=retriever, out_dir=tmp_path / "composer", trajectories=rows, progress=False)
+    assert result.validation_examples == 2 and result.stopped_early and result.steps < 30
+    assert result.val_nll_best <= result.val_nll_first and result.best_step == result.steps - 2
+    assert result.val_nll_without_latents > 0
+    assert [h.get("cold_start/val_nll") is not None for h in result.history] == [True] * result.steps

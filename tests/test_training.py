@@ -1,48 +1,30 @@
 """The training driver end to end on the tiny model: real toolworld tasks, the real agent loop and hf engine.
 
 The tiny random model never solves a task, so the experience bank and the cold-start targets are built by
-playing each task's scripted oracle through the real environment (its verifier gives the reward).
+playing each task's scripted oracle through the real environment (:func:`lopd_core.rollout.oracle.oracle_episode`;
+its verifier gives the reward).
 """
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
-from lopd_core.algorithms.synthetic import experience_of, make_trajectory
+from lopd_core.algorithms.synthetic import experience_of
 from lopd_core.checkpoint import list_checkpoints, read_checkpoint
 from lopd_core.config import load_config
 from lopd_core.envs import get_suite
 from lopd_core.memory.in_memory import InMemoryRetriever
 from lopd_core.metrics import JsonlLogger
 from lopd_core.records.experience import Bank
+from lopd_core.rollout.oracle import oracle_episode
 from lopd_core.training import cold_start, train
-
-_RESPONSE = re.compile(r"<tool_response>.*?</tool_response>", re.DOTALL)
-
-
-def oracle_trajectory(tok, suite, task):
-    """Play ``task.oracle`` through the real environment: assistant turns between the tool responses."""
-    env = suite.make_env(task)
-    messages = env.reset(task)
-    replies = [p.strip() for p in _RESPONSE.split(task.oracle) if p.strip()]
-    observations = []
-    for reply in replies:
-        result = env.step(reply)
-        if result.observation is not None and not result.done:
-            observations.append(result.observation)
-    outcome = env.result()
-    return make_trajectory(tok, task_id=task.task_id, instruction=task.instruction, replies=replies,
-                           observations=observations[: len(replies) - 1], reward=outcome.reward,
-                           system=messages[0]["content"], tools=task.tools, suite=suite.name, family=task.family)
 
 
 @pytest.fixture
 def bank(tiny_tokenizer):
     suite = get_suite("toolworld")
     tasks = suite.tasks("train", 6, level=1, seed=123)
-    trajectories = [oracle_trajectory(tiny_tokenizer, suite, t) for t in tasks]
+    trajectories = [oracle_episode(tiny_tokenizer, suite, t) for t in tasks]
     assert all(t.success for t in trajectories), [t.reward for t in trajectories]
     return suite, trajectories, InMemoryRetriever([experience_of(t) for t in trajectories])
 
@@ -53,9 +35,11 @@ def pinned(retriever, trajectories, version: int | None = 7) -> Bank:
 
 
 def smoke(tmp_path, models_dir, **overrides):
+    """The smoke profile; retrieval across families, since the oracle bank holds one task of most families."""
     return load_config("smoke").with_overrides({"workspace.home": str(tmp_path / "ws"),
                                                 "workspace.models_dir": str(models_dir), "rollout.max_turns": 1,
-                                                "rollout.max_new_tokens": 12, **overrides})
+                                                "rollout.max_new_tokens": 12, "distill.lopd.retrieval_family": "any",
+                                                **overrides})
 
 
 KEYS = ("distill/kl_topk", "distill/composer_kl", "distill/privilege_delta", "distill/beta", "distill/anchor",

@@ -42,18 +42,17 @@ def test_cold_start_without_successes_fails_with_the_fix(tmp_path, models_dir):
 
 def test_distill_cold_start_then_lopd_on_the_lancedb_store(tmp_path, models_dir, tiny_tokenizer):
     """The store path: seed trajectories (oracle plays, scored by the real verifier) → curate → index → the CLI."""
-    from test_training import oracle_trajectory
-
     from lopd_core.config import load_config
     from lopd_core.envs import get_suite
     from lopd_core.memory.curation import curate_store
     from lopd_core.memory.indexing import index_store
     from lopd_core.memory.store import ExperienceStore
+    from lopd_core.rollout.oracle import oracle_episode
 
     home = tmp_path / "ws"
     cfg = load_config("smoke").with_overrides({"workspace.home": str(home), "workspace.models_dir": str(models_dir)})
     suite = get_suite("toolworld")
-    seeds = [oracle_trajectory(tiny_tokenizer, suite, t) for t in suite.tasks("train", 6, level=1, seed=321)]
+    seeds = [oracle_episode(tiny_tokenizer, suite, t) for t in suite.tasks("train", 6, level=1, seed=321)]
     for i, t in enumerate(seeds):
         t.cycle_id, t.trajectory_id = "seed", f"seed-{i}"
     store = ExperienceStore.from_config(cfg)
@@ -61,7 +60,8 @@ def test_distill_cold_start_then_lopd_on_the_lancedb_store(tmp_path, models_dir,
     curate_store(store, cfg)
     index_store(store)
     version = store.version("experiences")
-    res = lopd("distill", "--profile", "smoke", "--cold-start", "--steps", "1", "--json", home=home, models_dir=models_dir)
+    res = lopd("distill", "--profile", "smoke", "--cold-start", "--steps", "1", "--json", "--set",
+               "distill.lopd.retrieval_family=any", home=home, models_dir=models_dir)  # 6 tasks, most of their own family
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["retriever"] == "lancedb" and summary["table_version"] == version

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lopd_core.algorithms.batch import teacher_batch
-from lopd_core.algorithms.logprobs import gather_tokens
+from lopd_core.algorithms.batch import student_batch, teacher_batch
+from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs
 from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prefix
 from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
@@ -49,7 +49,7 @@ def is_same_episode(experience: Experience, trajectory: Trajectory) -> bool:
 
 
 def cold_start_examples(trajectories: list[Trajectory], retriever: Retriever, *, n_retrieved: int,
-                        exclude_same_task: bool, success_threshold: float | None = None,
+                        exclude_same_task: bool, success_threshold: float | None = None, same_family: bool = False,
                         ) -> tuple[list[ColdStartExample], dict[str, int]]:
     """Retrieve J experiences for every successful y* (y* itself excluded); also counts what was skipped.
 
@@ -63,7 +63,7 @@ def cold_start_examples(trajectories: list[Trajectory], retriever: Retriever, *,
             skipped["not_successful"] += 1
             continue
         query = RetrievalQuery(instruction=traj.instruction, task_id=traj.task_id, episode_id=traj.episode_id,
-                               exclude_same_task=exclude_same_task)
+                               exclude_same_task=exclude_same_task, family=traj.family if same_family else "")
         found = [e for e in retriever.retrieve(query, n_retrieved + 1) if not is_same_episode(e, traj)][:n_retrieved]
         if not found:
             skipped["no_experience"] += 1
@@ -100,6 +100,35 @@ class ColdStart:
                               device=self.policies.device)
         return batch, pairs, pair_rows
 
+    def validation_nll(self, examples: list[ColdStartExample]) -> tuple[float, float]:
+        """(NLL of the y* with their latents, NLL of the same tokens without any context), per token, no grad."""
+        policies, size = self.policies, self.cfg.micro_batch or len(examples)
+        with_latents, plain, tokens = 0.0, 0.0, 0
+        with torch.no_grad():
+            for start in range(0, len(examples), size):
+                part = examples[start:start + size]
+                batch, pairs, pair_rows = self._micro_batch(part)
+                teacher_lp, _ = latent_teacher_logprobs(policies, self.composer, batch, pairs, pair_rows,
+                                                        max_tokens=self.lopd.experience_max_tokens)
+                with_latents -= float(gather_tokens(teacher_lp, batch.target_ids[batch.mask.bool()]).sum())
+                plain_batch = student_batch([e.trajectory for e in part], pad_id=policies.tokenizer.pad_token_id,
+                                            device=policies.device)
+                plain -= float(gather_tokens(model_logprobs(policies, None, plain_batch),
+                                             plain_batch.target_ids[plain_batch.mask.bool()]).sum())
+                tokens += batch.n_tokens
+        return with_latents / max(tokens, 1), plain / max(tokens, 1)
+
+    def snapshot(self) -> dict:
+        """φ's current weights (the best validation point is restored at the end)."""
+        return {"lora": [p.detach().clone() for p in self.lora_params],
+                "compressor": {k: v.detach().clone() for k, v in self.composer.compressor.state_dict().items()}}
+
+    def restore(self, snapshot: dict) -> None:
+        with torch.no_grad():
+            for param, value in zip(self.lora_params, snapshot["lora"], strict=True):
+                param.copy_(value)
+        self.composer.compressor.load_state_dict(snapshot["compressor"])
+
     def step(self, examples: list[ColdStartExample]) -> dict[str, float]:
         policies, timer = self.policies, Timer()
         size = self.cfg.micro_batch or len(examples)
@@ -135,11 +164,23 @@ class ColdStart:
                 "cold_start/time_s": timer.total()}
 
 
+def validation_split(examples: list[ColdStartExample], *, fraction: float, seed: int
+                     ) -> tuple[list[ColdStartExample], list[ColdStartExample]]:
+    """(train, validation) by task: a task's y* are all on one side; at least one task stays for training."""
+    tasks = sorted({e.trajectory.task_id for e in examples})
+    n_val = min(int(round(len(tasks) * fraction)), len(tasks) - 1) if fraction > 0 else 0
+    if n_val <= 0:
+        return examples, []
+    held = set(random.Random(seed).sample(tasks, n_val))
+    return ([e for e in examples if e.trajectory.task_id not in held], [e for e in examples if e.trajectory.task_id in held])
+
+
 def batches(examples: list[ColdStartExample], *, batch_size: int, steps: int, seed: int):
     """``steps`` batches drawn without replacement from a reshuffled order each pass (deterministic per seed)."""
     if not examples:
         raise ValueError("cold start has no usable example: it needs successful trajectories whose retrieval finds at "
-                         "least one other experience (seed more rollouts into the experience bank)")
+                         "least one other experience (of the same family, with distill.lopd.retrieval_family=same); "
+                         "seed more episodes into the experience bank")
     rng = random.Random(seed)
     order: list[int] = []
     for _ in range(steps):

@@ -39,11 +39,11 @@ from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollou
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch, to_padded
 from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, rewards_tensor, student_logprobs
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
-from lopd_core.config import DistillConfig
+from lopd_core.config import DistillConfig, LOPDConfig
 from lopd_core.envs.base import Task
 from lopd_core.metrics import Timer
 from lopd_core.models.composer import ComposerPair, ComposerState, anchor_latents, compose, experience_turns
-from lopd_core.models.latent import experiences_prompt, inject_latents, latent_prompt
+from lopd_core.models.latent import TeacherPrompt, experiences_prompt, inject_latents, latent_prompt
 from lopd_core.models.policy import ENCODER, PolicySet, causal_lm_parts, hidden_states, logprobs_at
 from lopd_core.records.experience import Experience, RetrievalQuery
 from lopd_core.records.trajectory import Trajectory
@@ -157,6 +157,26 @@ class StudentOutput:
     token_logprobs: Tensor
 
 
+def teacher_prompts(lopd: LOPDConfig, tokenizer, rows: list[Trajectory], tasks: list, experiences: list[list[Experience]],
+                    *, latent: bool) -> tuple[list[TeacherPrompt], list[ComposerPair], list[list[int]]]:
+    """Each rollout's teacher prompt, and for latents the (task, experience) pairs the composer encodes.
+
+    ``pair_rows[b]`` lists the indices (into the pairs) of row b's experiences, in retrieval order; their K
+    latents each fill the row's J·K span. The text teacher gets the experiences' own turns instead."""
+    prompts, pairs, pair_rows = [], [], []
+    for traj, task, exps in zip(rows, tasks, experiences, strict=True):
+        initial = traj.messages[: traj.initial_messages]
+        if latent:
+            prompts.append(latent_prompt(tokenizer, initial, traj.tools, n_latents=len(exps) * lopd.n_latents,
+                                         placeholder_id=tokenizer.pad_token_id, placement=lopd.context_placement))
+            pair_rows.append(list(range(len(pairs), len(pairs) + len(exps))))
+            pairs.extend(ComposerPair(task.task_id, task.instruction, e) for e in exps)
+        else:
+            turns = [experience_turns(tokenizer, e, max_tokens=lopd.experience_max_tokens) for e in exps]
+            prompts.append(experiences_prompt(tokenizer, initial, traj.tools, turns, placement=lopd.context_placement))
+    return prompts, pairs, pair_rows
+
+
 def privilege_summary(row_delta: Tensor, first_delta: Tensor, rewards: Tensor, *, success_reward: float,
                       failure_reward: float) -> dict[str, float]:
     """Per step: mean token δ on successes and on failures, and δ at the first action token of successes.
@@ -197,19 +217,8 @@ class LOPD:
 
     # ----------------------------------------------------------------------------------------------
     def _prompts_and_pairs(self, rows: list[Trajectory], tasks, experiences: list[list[Experience]]):
-        tok, k = self.policies.tokenizer, self.lopd.n_latents
-        prompts, pairs, pair_rows = [], [], []
-        for traj, task, exps in zip(rows, tasks, experiences, strict=True):
-            initial = traj.messages[: traj.initial_messages]
-            if self.uses_latents:
-                prompts.append(latent_prompt(tok, initial, traj.tools, n_latents=len(exps) * k,
-                                             placeholder_id=tok.pad_token_id, placement=self.lopd.context_placement))
-                pair_rows.append(list(range(len(pairs), len(pairs) + len(exps))))
-                pairs.extend(ComposerPair(task.task_id, task.instruction, e) for e in exps)
-            else:
-                turns = [experience_turns(tok, e, max_tokens=self.lopd.experience_max_tokens) for e in exps]
-                prompts.append(experiences_prompt(tok, initial, traj.tools, turns, placement=self.lopd.context_placement))
-        return prompts, pairs, pair_rows
+        return teacher_prompts(self.lopd, self.policies.tokenizer, rows, tasks, experiences,
+                               latent=self.uses_latents)
 
     def _teacher(self, batch, pairs, pair_rows, prefix=None) -> tuple[Tensor, Tensor | None]:
         if not self.uses_latents:

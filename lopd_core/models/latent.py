@@ -125,19 +125,23 @@ def plain_turns(turns: list[dict[str, Any]]) -> str:
     return "\n".join(f"{str(m.get('role', '')).capitalize()}: {m.get('content') or ''}" for m in turns)
 
 
-def experiences_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                       experiences: list[list[dict[str, Any]]], *, placement: Placement) -> TeacherPrompt:
-    """The text-context teacher's prompt: the retrieved experiences' own turns placed as ``placement`` says.
+def place_experiences(messages: list[dict[str, Any]], experiences: list[list[dict[str, Any]]], *,
+                      placement: Placement) -> list[dict[str, Any]]:
+    """The initial messages with the retrieved experiences' own turns placed as ``placement`` says.
 
     ``chat_turn`` plays them as earlier turns of the conversation, like the suite's worked examples (what a
     small model follows best); ``user_framing`` and ``system`` give them as a plain transcript. No
-    experiences = the framing alone (the probe's control).
-    """
+    experiences = the framing alone (the probe's control)."""
     if placement == "chat_turn":
-        placed = _with_context(messages, placement, text="", turns=[m for turns in experiences for m in turns])
-    else:
-        placed = _with_context(messages, placement, text=TEXT_SEPARATOR.join(plain_turns(t) for t in experiences))
-    return TeacherPrompt(ids=encode(tokenizer, render_text(tokenizer, placed, tools)))
+        return _with_context(messages, placement, text="", turns=[m for turns in experiences for m in turns])
+    return _with_context(messages, placement, text=TEXT_SEPARATOR.join(plain_turns(t) for t in experiences))
+
+
+def experiences_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       experiences: list[list[dict[str, Any]]], *, placement: Placement) -> TeacherPrompt:
+    """The text-context teacher's prompt (:func:`place_experiences`, rendered)."""
+    return TeacherPrompt(ids=encode(tokenizer, render_text(tokenizer, place_experiences(messages, experiences,
+                                                                                        placement=placement), tools)))
 
 
 def text_context_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

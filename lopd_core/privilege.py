@@ -1,0 +1,199 @@
+"""Is a self-teacher privileged? Its δ on the base model's own successes and failures.
+
+δ = log p_teacher − log p_base at every action token of the base model's sampled episodes: the mean δ on
+successes and on failures, δ at the first action token of successes with a 95 % bootstrap interval, and, on
+the task's oracle first action, the probability of opening a tool call and of the correct tool name under
+both models. A privileged teacher raises the successes' actions (δ > 0), most of all the first one, where
+a tool-use episode decides between calling a tool and answering; a teacher that is merely less confident
+everywhere lowers δ on successes and failures alike.
+
+Used by ``lopd probe-teacher`` and by the training loop's privilege gate, which runs only these forward
+passes on the bank's successes before the first LOPD step. Not here: any training, any generation.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch
+from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs
+from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prompts
+from lopd_core.config import Config
+from lopd_core.envs.base import Suite, Task
+from lopd_core.models.composer import ComposerState
+from lopd_core.models.latent import TeacherPrompt
+from lopd_core.models.policy import PolicySet
+from lopd_core.records.chat import encode
+from lopd_core.records.experience import Bank, Experience, RetrievalQuery
+from lopd_core.records.trajectory import Trajectory
+from lopd_core.rollout.oracle import oracle_episode
+
+
+def bootstrap_mean_ci(values: list[float], *, samples: int = 2000, seed: int = 0,
+                      level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and percentile-bootstrap interval of the mean (``nan`` for no values)."""
+    if not values:
+        return float("nan"), float("nan"), float("nan")
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(samples))
+    lo = means[int((1 - level) / 2 * (samples - 1))]
+    hi = means[int((1 + level) / 2 * (samples - 1))]
+    return statistics.fmean(values), lo, hi
+
+
+PromptBuilder = Callable[[list[Trajectory]], tuple[list[TeacherPrompt], Callable[[SequenceBatch], torch.Tensor]]]
+"""Given episodes, their teacher prompts and a function that scores a teacher batch ([N, V] log-probs)."""
+
+
+def _per_row(values: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    return list(values.split(mask.sum(1).long().tolist()))
+
+
+def action_logprobs(policies: PolicySet, episodes: list[Trajectory], *, teacher: PromptBuilder | None,
+                    micro_batch: int = 4) -> list[torch.Tensor]:
+    """Per episode, the log-probs of its action tokens: under the base model (``teacher`` None) or a teacher."""
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(episodes), micro_batch):
+            rows = episodes[start:start + micro_batch]
+            if teacher is None:
+                batch = student_batch(rows, pad_id=policies.tokenizer.pad_token_id, device=policies.device)
+                logprobs = model_logprobs(policies, None, batch)
+            else:
+                prompts, score = teacher(rows)
+                batch = teacher_batch(rows, prompts, pad_id=policies.tokenizer.pad_token_id, device=policies.device)
+                logprobs = score(batch)
+            targets = batch.target_ids[batch.mask.bool()]
+            out += [v.float().cpu() for v in _per_row(gather_tokens(logprobs, targets), batch.mask)]
+    return out
+
+
+def first_call_probabilities(tokenizer, oracle_rows: list[Trajectory], logprobs: list[torch.Tensor]) -> list[dict]:
+    """On each task's oracle episode: P(the first action token opens a tool call) and P(the correct tool name).
+
+    ``logprobs`` are the oracle episodes' action-token log-probs under one model. The name's probability is
+    the product over the name's tokens, given the opening of the call (teacher forcing)."""
+    out = []
+    opener = "<tool_call>"
+    for row, lp in zip(oracle_rows, logprobs, strict=True):
+        first = row.messages[row.initial_messages].get("content") or ""
+        name_start = first.find('"name": "')
+        if not first.startswith(opener) or name_start < 0 or len(lp) == 0:
+            out.append({})
+            continue
+        name_end = first.find('"', name_start + len('"name": "'))
+        opener_tokens = len(encode(tokenizer, opener))
+        prefix_tokens = len(encode(tokenizer, first[: name_start + len('"name": "')]))
+        name_tokens = max(len(encode(tokenizer, first[:name_end])) - prefix_tokens, 0)
+        out.append({"p_tool_call": math.exp(float(lp[:opener_tokens].sum())),
+                    "p_tool_name": math.exp(float(lp[prefix_tokens: prefix_tokens + name_tokens].sum()))})
+    return out
+
+
+def summarize_privilege(teacher_lp: list[torch.Tensor], base_lp: list[torch.Tensor], episodes: list[Trajectory], *,
+                        success_reward: float = 0.8, failure_reward: float = 0.5,
+                        oracle_teacher: list[dict] | None = None, oracle_base: list[dict] | None = None) -> dict:
+    """δ = teacher − base per action token, summarised by outcome (see the module docstring)."""
+    deltas = [t - b for t, b in zip(teacher_lp, base_lp, strict=True)]
+    success = [d for d, e in zip(deltas, episodes, strict=True) if e.reward >= success_reward and len(d)]
+    failure = [d for d, e in zip(deltas, episodes, strict=True) if e.reward < failure_reward and len(d)]
+    first_mean, first_lo, first_hi = bootstrap_mean_ci([float(d[0]) for d in success])
+    out = {
+        "successes": len(success), "failures": len(failure),
+        "privilege_success": statistics.fmean(float(d.mean()) for d in success) if success else float("nan"),
+        "privilege_failure": statistics.fmean(float(d.mean()) for d in failure) if failure else float("nan"),
+        "privilege_first_token": first_mean, "first_token_ci95_low": first_lo, "first_token_ci95_high": first_hi,
+        "privilege_first_token_failures": statistics.fmean(float(d[0]) for d in failure) if failure else float("nan"),
+    }
+    out["balanced_delta"] = out["privilege_success"] - out["privilege_failure"]
+    for label, rows in (("teacher", oracle_teacher), ("base", oracle_base)):
+        rows = [r for r in rows or [] if r]
+        if rows:
+            out[f"p_tool_call_{label}"] = statistics.fmean(r["p_tool_call"] for r in rows)
+            out[f"p_tool_name_{label}"] = statistics.fmean(r["p_tool_name"] for r in rows)
+    return out
+
+
+def oracle_rows(tokenizer, suite: Suite, tasks: dict[str, Task], episodes: list[Trajectory]) -> list[Trajectory]:
+    """The oracle episode of each episode's task (same prompt, the scripted correct actions), under the
+    episode's id, so that a teacher scores it with the context that episode retrieved."""
+    return [oracle_episode(tokenizer, suite, tasks[e.task_id], episode_id=e.episode_id) for e in episodes]
+
+
+def retrieve_contexts(bank: Bank, episodes: list[Trajectory], *, k: int, same_family: bool) -> list[list[Experience]]:
+    """Each episode's retrieved experiences: never its own episode or task (as in training)."""
+    return [bank.retriever.retrieve(RetrievalQuery(instruction=e.instruction, task_id=e.task_id, episode_id=e.episode_id,
+                                                   exclude_same_task=True, family=e.family if same_family else ""), k)
+            for e in episodes]
+
+
+def teacher_builder(cfg: Config, policies: PolicySet, contexts: dict[str, list[Experience]], *,
+                    composer: ComposerState | None, framing_only: bool = False) -> PromptBuilder:
+    """Teacher prompts for episodes (by episode id → its experiences), and the scorer of their batches."""
+    lopd = cfg.distill.lopd
+    tok = policies.tokenizer
+
+    def build(rows: list[Trajectory]):
+        exps = [[] if framing_only else contexts[r.episode_id] for r in rows]
+        if composer is None or framing_only:
+            prompts, _, _ = teacher_prompts(lopd, tok, rows, rows, exps, latent=False)
+            return prompts, lambda batch: model_logprobs(policies, None, batch)
+        prompts, pairs, pair_rows = teacher_prompts(lopd, tok, rows, [_task_of(r) for r in rows], exps, latent=True)
+        return prompts, lambda batch: latent_teacher_logprobs(policies, composer, batch, pairs, pair_rows,
+                                                              max_tokens=lopd.experience_max_tokens)[0]
+
+    return build
+
+
+def _task_of(row: Trajectory) -> Task:
+    return Task(task_id=row.task_id, suite=row.suite, family=row.family, split=row.split, level=row.level,
+                instruction=row.instruction, tools=row.tools)
+
+
+def probe_teacher(cfg: Config, policies: PolicySet, suite: Suite, episodes: list[Trajectory], bank: Bank, *,
+                  composer: ComposerState | None, max_successes: int = 64, max_failures: int = 64,
+                  framing_only: bool = False, seed: int = 0) -> dict[str, Any]:
+    """δ of one teacher on the base model's own successes and failures (see the module docstring).
+
+    ``composer`` None probes the text-context teacher (``distill.lopd.context_placement`` decides where the
+    experiences go); ``framing_only`` the framing without any experience (the control)."""
+    lopd = cfg.distill.lopd
+    rng = random.Random(seed)
+    successes = [e for e in episodes if e.reward >= lopd.success_reward and e.status == "ok" and e.n_generated]
+    failures = [e for e in episodes if e.reward < lopd.failure_reward and e.status == "ok" and e.n_generated]
+    rows = rng.sample(successes, min(max_successes, len(successes))) + rng.sample(failures, min(max_failures, len(failures)))
+    found = retrieve_contexts(bank, rows, k=lopd.n_retrieved, same_family=lopd.retrieval_family == "same")
+    with_context = [(r, f) for r, f in zip(rows, found, strict=True) if f or framing_only]
+    rows = [r for r, _ in with_context]
+    contexts = {r.episode_id: f for r, f in with_context}
+    builder = teacher_builder(cfg, policies, contexts, composer=composer, framing_only=framing_only)
+    teacher_lp = action_logprobs(policies, rows, teacher=builder)
+    base_lp = action_logprobs(policies, rows, teacher=None)
+    tasks = {r.task_id: t for r in rows for t in [task_by_id(suite, r.task_id)] if t is not None}
+    with_oracle = [r for r in rows if r.task_id in tasks]
+    oracle = oracle_rows(policies.tokenizer, suite, tasks, with_oracle)
+    teacher_oracle = first_call_probabilities(policies.tokenizer, oracle, action_logprobs(policies, oracle, teacher=builder))
+    base_oracle = first_call_probabilities(policies.tokenizer, oracle, action_logprobs(policies, oracle, teacher=None))
+    summary = summarize_privilege(teacher_lp, base_lp, rows, success_reward=lopd.success_reward,
+                                  failure_reward=lopd.failure_reward, oracle_teacher=teacher_oracle,
+                                  oracle_base=base_oracle)
+    summary["without_context"] = len(found) - len(with_context)
+    return summary
+
+
+def task_by_id(suite: Suite, task_id: str) -> Task | None:
+    """Recreate a task from its id (``<suite>/<split>/L<level>/s<seed>/<index>``, the built-in suites' form)."""
+    parts = task_id.split("/")
+    try:
+        split, level, seed, index = parts[-4], int(parts[-3].removeprefix("L")), int(parts[-2].removeprefix("s")), int(parts[-1])
+    except (IndexError, ValueError):
+        return None
+    tasks = suite.tasks(split, index + 1, level=level, seed=seed)
+    task = tasks[index] if index < len(tasks) else None
+    return task if task is not None and task.task_id == task_id and task.oracle else None
