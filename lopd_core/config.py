@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PROFILES = ("smoke", "demo", "demo-codegen", "gpu")
-GROUP_METHODS = ("grpo", "sdpo", "skill_sd")
+GROUP_METHODS = ("grpo", "sdpo", "skill_sd", "rft")
 
 
 class ConfigError(ValueError):
@@ -152,6 +152,8 @@ class ColdStartConfig(_Section):
 
 
 class LOPDConfig(_Section):
+    lr_student: float | None = Field(None, gt=0.0)
+    """This method's student learning rate (None = distill.lr_student)."""
     n_retrieved: int = Field(3, ge=1)
     """J: experiences retrieved per task."""
     n_latents: int = Field(32, ge=1)
@@ -215,11 +217,19 @@ class LOPDConfig(_Section):
 
 
 class GRPOConfig(_Section):
+    lr_student: float | None = Field(None, gt=0.0)
+    """This method's student learning rate (None = distill.lr_student)."""
     clip_eps: float = Field(0.2, gt=0.0)
     """PPO clip ε."""
+    epochs: int = Field(1, ge=1)
+    """PPO epochs over each step's rollouts (≥ 2 makes the clip active; the first epoch's ratio is 1)."""
+    top_up: int = Field(0, ge=0)
+    """Replace groups whose rewards do not vary (no signal) by fresh groups, at most this many extra groups per step (counted in the budget); 0 = off."""
 
 
 class OPSDConfig(_Section):
+    lr_student: float | None = Field(None, gt=0.0)
+    """This method's student learning rate (None = distill.lr_student)."""
     divergence: Literal["forward_kl", "reverse_kl", "jsd"] = "forward_kl"
     """Full-vocabulary divergence (LOPD's runs: forward KL; the OPSD paper: JSD)."""
     jsd_beta: float = Field(0.5, ge=0.0, le=1.0)
@@ -227,15 +237,21 @@ class OPSDConfig(_Section):
 
 
 class SDPOConfig(_Section):
+    lr_student: float | None = Field(None, gt=0.0)
+    """This method's student learning rate (None = distill.lr_student)."""
     ema_rate: float = Field(0.05, gt=0.0, le=1.0)
     """Teacher = EMA of the student with this rate."""
     top_k: int = Field(100, ge=1)
     """Support of the reverse KL: the student's top-K ids (+ tail)."""
     is_clip: float = Field(2.0, gt=0.0)
     """Importance-sampling ratio clip."""
+    feedback: Literal["redacted", "full"] = "redacted"
+    """What the teacher sees of the verifier's feedback: which requirements were unmet without their expected values ('redacted'), or the whole string, expected calls and answers included ('full')."""
 
 
 class SkillSDConfig(_Section):
+    lr_student: float | None = Field(None, gt=0.0)
+    """This method's student learning rate (None = distill.lr_student)."""
     clip_low: float = Field(0.2, gt=0.0)
     """PPO lower clip."""
     clip_high: float = Field(0.28, gt=0.0)
@@ -252,9 +268,27 @@ class SkillSDConfig(_Section):
     """Who writes the skills: deterministic templates, or the policy itself (its generations count in the budget)."""
 
 
+class RFTConfig(_Section):
+    lr_student: float | None = Field(None, gt=0.0)
+    """This method's student learning rate (None = distill.lr_student)."""
+    epochs: int = Field(2, ge=1)
+    """Passes over the replay buffer of successes per step."""
+    max_buffer: int = Field(512, ge=1)
+    """Successes kept in the replay buffer (the oldest leave first)."""
+    max_examples_per_step: int = Field(64, ge=1)
+    """At most this many buffer episodes per pass (the newest first, then a deterministic sample)."""
+    hint: bool = False
+    """Hinted RFT: play each task with a worked example of its own family's tool as chat turns (a sibling task's oracle) and train the plain-prompt student on the successes."""
+
+
+class OracleSFTConfig(_Section):
+    lr_student: float | None = Field(None, gt=0.0)
+    """This method's student learning rate (None = distill.lr_student)."""
+
+
 class DistillConfig(_Section):
-    method: Literal["lopd", "grpo", "opsd", "sdpo", "skill_sd", "none"] = "lopd"
-    """Training method: LOPD or one of the baselines ('none' = no update, the reference curve)."""
+    method: Literal["lopd", "grpo", "opsd", "sdpo", "skill_sd", "rft", "sft_oracle", "none"] = "lopd"
+    """Training method: LOPD, a baseline, a control ('rft': fine-tuning on the agent's own successes; 'sft_oracle': on oracle transcripts, the capacity control) or 'none' (no update, the reference curve)."""
     steps: int = Field(20, ge=0)
     """Training steps per cycle (each with fresh on-policy rollouts)."""
     tasks_per_step: int = Field(32, ge=1)
@@ -287,6 +321,18 @@ class DistillConfig(_Section):
     """SDPO baseline."""
     skill_sd: SkillSDConfig = SkillSDConfig()
     """Skill-SD baseline."""
+    rft: RFTConfig = RFTConfig()
+    """Rejection-sampling fine-tuning control (best-of-G, replay buffer)."""
+    sft_oracle: OracleSFTConfig = OracleSFTConfig()
+    """Capacity control: fine-tuning on oracle transcripts of the training tasks."""
+    family_weights: dict[str, float] = {}
+    """Sampling weight of each task family in the training task order (missing families: 1; empty: the suite's order). The same for every method of a comparison."""
+
+    def student_lr(self) -> float:
+        """The learning rate of this method's student: distill.<method>.lr_student, else distill.lr_student."""
+        section = getattr(self, self.method, None)
+        own = getattr(section, "lr_student", None)
+        return own if own is not None else self.lr_student
 
     @model_validator(mode="after")
     def _group_divides_budget(self) -> DistillConfig:

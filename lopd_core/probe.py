@@ -20,11 +20,11 @@ from typing import Any
 from lopd_core.config import Config
 from lopd_core.envs.base import Suite, Task
 from lopd_core.models.composer import experience_turns
-from lopd_core.models.latent import place_experiences
 from lopd_core.models.policy import PolicySet
 from lopd_core.recipe import play_tasks
 from lopd_core.records.experience import Bank, RetrievalQuery
 from lopd_core.records.trajectory import Trajectory
+from lopd_core.rollout.context import ContextSuite
 
 
 # --------------------------------------------------------------------------------------------------
@@ -88,35 +88,6 @@ def pass_at_k(cfg: Config, policies: PolicySet, suite: Suite, *, per_family: int
 
 # --------------------------------------------------------------------------------------------------
 # The text teacher as an agent
-class ContextSuite:
-    """A suite whose episodes open with a text teacher's context placed in the prompt (its own success as an
-    agent). ``contexts`` maps a task id to the own turns of its retrieved experiences."""
-
-    def __init__(self, suite: Suite, contexts: dict[str, list[list[dict]]], *, placement: str):
-        self.suite, self.contexts, self.placement = suite, contexts, placement
-        self.name, self.kind = suite.name, suite.kind
-
-    def tasks(self, split, n, *, level=1, seed=0):
-        return self.suite.tasks(split, n, level=level, seed=seed)
-
-    def make_env(self, task: Task):
-        return _ContextEnvironment(self.suite.make_env(task), self.contexts.get(task.task_id, []), self.placement)
-
-
-class _ContextEnvironment:
-    def __init__(self, env, experiences: list[list[dict]], placement: str):
-        self.env, self.experiences, self.placement = env, experiences, placement
-
-    def reset(self, task: Task):
-        return place_experiences(self.env.reset(task), self.experiences, placement=self.placement)
-
-    def step(self, assistant_text: str):
-        return self.env.step(assistant_text)
-
-    def result(self):
-        return self.env.result()
-
-
 def text_teacher_as_agent(cfg: Config, policies: PolicySet, suite: Suite, tasks: list[Task], bank: Bank, *,
                           temperature: float = 0.0, seed: int = 0) -> dict[str, Any]:
     """Success of the base model playing each task with the text teacher's context (same family, never the
@@ -131,8 +102,9 @@ def text_teacher_as_agent(cfg: Config, policies: PolicySet, suite: Suite, tasks:
     tok = policies.tokenizer
     contexts = {t.task_id: [experience_turns(tok, e, max_tokens=lopd.experience_max_tokens) for e in found[t.task_id]]
                 for t in played}
-    with_context = play_tasks(cfg, policies, ContextSuite(suite, contexts, placement=lopd.context_placement), played,
-                              weights="base", seed=seed, temperature=temperature, label="teacher-as-agent")
+    placed = ContextSuite(suite, lambda task: contexts[task.task_id], placement=lopd.context_placement)
+    with_context = play_tasks(cfg, policies, placed, played, weights="base", seed=seed, temperature=temperature,
+                              label="teacher-as-agent")
     without = play_tasks(cfg, policies, suite, played, weights="base", seed=seed, temperature=temperature, label="base")
     rate = lambda rows: statistics.fmean(r.reward >= lopd.success_reward for r in rows)  # noqa: E731
     return {"tasks": len(played), "success_with_context": rate(with_context), "success_without": rate(without),

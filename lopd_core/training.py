@@ -176,10 +176,25 @@ def _seed_everything(seed: int) -> None:
 # --------------------------------------------------------------------------------------------------
 # One step's helpers
 def task_order(suite: Suite, cfg: Config, *, n_tasks: int, tasks: list | None = None) -> list:
-    """The run's training tasks (the data cursor indexes this list, wrapping around)."""
-    pool = list(tasks) if tasks is not None else suite.tasks("train", n_tasks, level=cfg.rollout.level, seed=cfg.distill.seed)
+    """The run's training tasks (the data cursor indexes this list, wrapping around).
+
+    With ``distill.family_weights`` the tasks are a weighted draw without replacement from a 4× larger set of
+    the suite's training tasks (weight 0 leaves a family out; unnamed families weigh 1), deterministic in
+    ``distill.seed``: the same order for every method of a comparison."""
+    if tasks is not None:
+        pool = list(tasks)
+    elif not cfg.distill.family_weights:
+        pool = suite.tasks("train", n_tasks, level=cfg.rollout.level, seed=cfg.distill.seed)
+    else:
+        weights = cfg.distill.family_weights
+        candidates = suite.tasks("train", 4 * n_tasks, level=cfg.rollout.level, seed=cfg.distill.seed)
+        rng = random.Random(cfg.distill.seed)
+        keyed = [(rng.random() ** (1.0 / weights.get(t.family, 1.0)), i) for i, t in enumerate(candidates)
+                 if weights.get(t.family, 1.0) > 0]
+        pool = [candidates[i] for _, i in sorted(keyed, reverse=True)[:n_tasks]]
     if not pool:
-        raise ValueError(f"suite '{getattr(suite, 'name', suite)}' returned no training tasks; check rollout.suite/level")
+        raise ValueError(f"suite '{getattr(suite, 'name', suite)}' returned no training tasks; check rollout.suite/level "
+                         "and distill.family_weights")
     return pool
 
 
@@ -334,6 +349,8 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
     g = algorithm.episodes_per_task
     tasks_per_step = d.tasks_per_step // g
     pool = task_order(suite, cfg, n_tasks=max(tasks_per_step * d.steps, 1), tasks=tasks)
+    rollout_suite = algorithm.rollout_suite(suite) if hasattr(algorithm, "rollout_suite") else suite
+    plays = getattr(algorithm, "plays_rollouts", True)
     engine = engine or _make_engine(cfg, policies)
     engine.update_policy(policies.student_module(), f"{run_dir.name}/step{start_step - 1}" if start_step else "init")
     logger = MultiLogger(logger, history := InMemoryLogger())
@@ -351,9 +368,21 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
         cursor += tasks_per_step
         episode_tasks = [t for t in step_tasks for _ in range(g)]
         started = time.perf_counter()
-        trajectories = play(cfg.rollout, engine, tok, suite, episode_tasks, seed=d.seed * 1_000_003 + step,
-                            policy_version=f"{run_dir.name}/step{step - 1}" if step else "init", step=step,
-                            cycle_id=run_dir.name)
+        version = f"{run_dir.name}/step{step - 1}" if step else "init"
+        trajectories = play(cfg.rollout, engine, tok, rollout_suite, episode_tasks, seed=d.seed * 1_000_003 + step,
+                            policy_version=version, step=step, cycle_id=run_dir.name) if plays else []
+        top_ups = []
+
+        def play_more(groups: int, step=step, version=version, top_ups=top_ups) -> tuple[list, list[Trajectory]]:
+            """The next ``groups`` tasks of the order, G episodes each (GRPO's top-up), counted in the budget."""
+            nonlocal cursor
+            more = [pool[(cursor + k) % len(pool)] for k in range(groups)]
+            cursor += groups
+            more_tasks = [t for t in more for _ in range(g)]
+            played = play(cfg.rollout, engine, tok, rollout_suite, more_tasks, step=step, policy_version=version,
+                          seed=d.seed * 1_000_003 + step + 7 * (len(top_ups) + 1), cycle_id=run_dir.name)
+            top_ups.extend(played)
+            return more_tasks, played
         metrics = rollout_metrics(trajectories, time.perf_counter() - started)
         if step == 0:
             metrics.update({f"gate/{k}": v for k, v in gate.items()})
@@ -369,13 +398,16 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
         started = time.perf_counter()
         metrics.update(numeric(algorithm.step(StepInputs(step=step, trajectories=trajectories, tasks=episode_tasks,
                                                          retrieved=retrieved, retriever=retriever, group_size=g,
-                                                         bank_successes=bank.successes if bank is not None else []))))
+                                                         bank_successes=bank.successes if bank is not None else [],
+                                                         play_more=play_more))))
         metrics["distill/step_s"] = time.perf_counter() - started
 
         # --- budget, log, checkpoint, on-policy engine -------------------------------------------------
-        budget["episodes"] += len(trajectories)
+        trajectories = trajectories + top_ups
+        budget["episodes"] += len(trajectories) if plays else len(episode_tasks)
         budget["skill_generations"] += metrics.get("budget/skill_generations", 0.0)
-        metrics.update({"budget/episodes_step": float(len(trajectories)), "budget/episodes": budget["episodes"],
+        metrics.update({"budget/episodes_step": float(len(trajectories) if plays else len(episode_tasks)),
+                        "budget/episodes": budget["episodes"],
                         "budget/pretraining_episodes": budget["pretraining_episodes"],
                         "budget/skill_generations": budget["skill_generations"],
                         "budget/total_units": budget["episodes"] + budget["skill_generations"]

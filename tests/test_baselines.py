@@ -74,7 +74,76 @@ def test_grpo_pushes_up_the_success_and_down_the_failure(tiny_tokenizer, models_
     # a group whose rewards are all equal carries no signal
     same = [rows[0], make_trajectory(tiny_tokenizer, task_id="t-add", instruction="What is 2+3?", replies=["5"], reward=1.0)]
     m3 = algo.step(StepInputs(step=2, trajectories=same, tasks=tasks, retrieved=[[], []], group_size=2))
-    assert m3["grpo/zero_advantage_rate"] == 1.0 and m3["distill/loss"] == pytest.approx(0.0, abs=1e-9)
+    assert m3["grpo/zero_advantage_rate"] == 1.0 and m3["distill/updated"] == 0.0  # no signal: no update counted
+
+
+def test_grpo_clips_in_later_epochs_and_tops_up_groups_without_signal(tiny_tokenizer, models_dir):
+    cfg, policies = setup(models_dir, "grpo", **{"distill.lr_student": 5e-2, "distill.grpo.epochs": 3,
+                                                 "distill.grpo.top_up": 2})
+    algo = make_algorithm(cfg.distill, policies)
+    rows, tasks = group(tiny_tokenizer)
+    m = algo.step(StepInputs(step=0, trajectories=rows, tasks=tasks, retrieved=[[], []], group_size=2))
+    assert m["distill/updated"] == 1.0 and m["grpo/clipped_fraction_last_epoch"] > 0  # the ratio left [1 ± ε]
+    flat = [rows[0], make_trajectory(tiny_tokenizer, task_id="t-add", instruction="What is 2+3?", replies=["5"],
+                                     reward=1.0)]
+    asked = []
+
+    def play_more(groups):  # the training loop's top-up: the next groups, with a reward spread
+        asked.append(groups)
+        return tasks * groups, rows * groups
+
+    m = algo.step(StepInputs(step=1, trajectories=flat, tasks=tasks, retrieved=[[], []], group_size=2,
+                             play_more=play_more))
+    assert asked == [1] and m["grpo/top_up_groups"] == 1.0 and m["budget/extra_episodes"] == 2.0
+    assert m["grpo/zero_advantage_group_rate"] == 1.0 and m["distill/updated"] == 1.0
+
+
+def test_rft_trains_on_its_successes_so_far_and_hinted_rft_on_their_plain_prompt_twins(tiny_tokenizer, models_dir):
+    from lopd_core.algorithms.rft import plain_prompt_twin
+    from lopd_core.envs import get_suite
+    from lopd_core.rollout.context import ContextSuite
+
+    cfg, policies = setup(models_dir, "rft", **{"distill.lr_student": 1e-2})
+    algo = make_algorithm(cfg.distill, policies)
+    rows, tasks = group(tiny_tokenizer)
+    before = token_logprobs(policies, rows)
+    m = algo.step(StepInputs(step=0, trajectories=rows, tasks=tasks, retrieved=[[], []], group_size=2))
+    assert m["rft/new_successes"] == 1 and m["rft/buffer"] == 1 and m["distill/updated"] == 1
+    assert token_logprobs(policies, rows)[0] > before[0]  # the success became likelier
+    m = algo.step(StepInputs(step=1, trajectories=rows[1:], tasks=tasks[1:], retrieved=[[]], group_size=1))
+    assert m["rft/new_successes"] == 0 and m["distill/updated"] == 1  # the buffer still trains
+    assert algo.state_dict()["buffer"][0]["trajectory_id"] == rows[0].trajectory_id
+
+    # hinted: the suite plays each task behind a sibling's oracle (chat turns); successes return to the plain prompt
+    suite = get_suite("toolworld")
+    hinted_cfg, _ = setup(models_dir, "rft", **{"distill.rft.hint": True})
+    hinted = make_algorithm(hinted_cfg.distill, policies)
+    played = hinted.rollout_suite(suite)
+    assert isinstance(played, ContextSuite)
+    task = suite.tasks("train", 1, level=1, seed=3)[0]
+    plain, with_hint = suite.make_env(task).reset(task), played.make_env(task).reset(task)
+    assert len(with_hint) > len(plain) and with_hint[-1] == plain[-1] and with_hint[: len(plain) - 1] == plain[:-1]
+    from lopd_core.rollout.oracle import scripted_trajectory
+    episode = scripted_trajectory(tiny_tokenizer, initial=with_hint, replies=["It is done."], observations=[],
+                                  task=task, reward=1.0, success=True)
+    twin = plain_prompt_twin(tiny_tokenizer, suite, task, episode)
+    assert twin.messages[: twin.initial_messages] == plain and twin.messages[-1]["content"] == "It is done."
+    assert twin.prompt_len < episode.prompt_len and twin.n_generated == episode.n_generated
+
+
+def test_the_capacity_control_fine_tunes_on_oracle_transcripts_without_rollouts(tiny_tokenizer, models_dir):
+    from lopd_core.envs import get_suite
+
+    cfg, policies = setup(models_dir, "sft_oracle", **{"distill.lr_student": 1e-2})
+    algo = make_algorithm(cfg.distill, policies)
+    assert algo.plays_rollouts is False
+    suite = get_suite("toolworld")
+    algo.rollout_suite(suite)
+    tasks = suite.tasks("train", 2, level=1, seed=5)
+    before = student_snapshot(policies)
+    m = algo.step(StepInputs(step=0, trajectories=[], tasks=tasks, retrieved=[[], []]))
+    assert m["distill/updated"] == 1 and m["distill/rollouts"] == 2 and m["sft_oracle/mean_reward"] == 1.0
+    assert changed(before, policies)
 
 
 def test_opsd_reference_sources_and_forward_kl_decreases(tiny_tokenizer, models_dir):

@@ -127,3 +127,23 @@ def test_retrieval_stays_in_the_task_family_and_the_oracle_fills_in_only_when_as
     assert metrics["memory/fallback_contexts"] == 2.0
     assert [e[0].experience_id for e in filled] == [f"oracle/{t.task_id}" for t in others]
     assert filled[0][0].messages[0] == {"role": "user", "content": others[0].instruction}
+
+
+def test_family_weights_shape_the_task_order_and_the_capacity_control_trains_without_rollouts(tmp_path, models_dir):
+    from lopd_core.training import task_order
+
+    suite = get_suite("toolworld")
+    plain = smoke(tmp_path, models_dir)
+    weighted = smoke(tmp_path, models_dir, **{"distill.family_weights": {"bank/account_of": 0.0,
+                                                                        "weather/convert_only": 20.0}})
+    order = task_order(suite, weighted, n_tasks=40)
+    families = [t.family for t in order]
+    assert len(order) == 40 and "bank/account_of" not in families
+    assert families.count("weather/convert_only") > [t.family for t in task_order(suite, plain, n_tasks=40)].count(
+        "weather/convert_only")
+    assert [t.task_id for t in task_order(suite, weighted, n_tasks=40)] == [t.task_id for t in order]  # deterministic
+
+    cfg = smoke(tmp_path, models_dir, **{"distill.method": "sft_oracle", "distill.steps": 2})
+    result = train(cfg, suite=suite, bank=None, run_dir=tmp_path / "oracle", progress=False)
+    assert [h["budget/episodes"] for h in result.history] == [2.0, 4.0]  # B oracle transcripts per step
+    assert all(h["distill/updated"] == 1.0 and h["rollout/n_episodes"] == 0 for h in result.history)

@@ -1,7 +1,8 @@
 """Training methods behind one interface (:class:`lopd_core.algorithms.base.Algorithm`).
 
-``lopd`` (the method, :mod:`.lopd`), the baselines ``grpo``, ``opsd``, ``sdpo``, ``skill_sd`` and ``none``
-(no update: the reference curve). :func:`make_algorithm` builds the one ``distill.method`` names; every
+``lopd`` (the method, :mod:`.lopd`), the baselines ``grpo``, ``opsd``, ``sdpo``, ``skill_sd``, the controls
+``rft`` (fine-tuning on the agent's own successes, optionally hinted) and ``sft_oracle`` (on oracle
+transcripts: the capacity control), and ``none`` (no update: the reference curve). :func:`make_algorithm` builds the one ``distill.method`` names; every
 method reads its settings from the ``distill`` config section.
 """
 
@@ -13,6 +14,7 @@ from lopd_core.algorithms.base import Algorithm, StepInputs, skipped_metrics, us
 from lopd_core.algorithms.grpo import GRPO
 from lopd_core.algorithms.lopd import LOPD
 from lopd_core.algorithms.opsd import OPSD
+from lopd_core.algorithms.rft import RFT, OracleSFT
 from lopd_core.algorithms.sdpo import SDPO
 from lopd_core.algorithms.skill_sd import SkillSD
 from lopd_core.config import DistillConfig
@@ -40,7 +42,7 @@ class NoUpdate:
         return None
 
 
-def make_algorithm(cfg: DistillConfig, policies: PolicySet, *, composer=None, engine=None) -> Algorithm:
+def make_algorithm(cfg: DistillConfig, policies: PolicySet, *, composer=None, engine=None, level: int = 1) -> Algorithm:
     """The method ``cfg.method`` (``cfg`` is the ``distill`` section) on these models."""
     if cfg.method == "lopd":
         return LOPD(cfg, policies, composer)
@@ -52,9 +54,13 @@ def make_algorithm(cfg: DistillConfig, policies: PolicySet, *, composer=None, en
         return SDPO(cfg, policies)
     if cfg.method == "skill_sd":
         return SkillSD(cfg, policies, engine=engine)
+    if cfg.method == "rft":
+        return RFT(cfg, policies, level=level, seed=cfg.seed)
+    if cfg.method == "sft_oracle":
+        return OracleSFT(cfg, policies)
     if cfg.method == "none":
         return NoUpdate(cfg, policies)
-    raise ValueError(f"distill.method '{cfg.method}' is not one of lopd, grpo, opsd, sdpo, skill_sd, none")
+    raise ValueError(f"distill.method '{cfg.method}' is not one of lopd, grpo, opsd, sdpo, skill_sd, rft, sft_oracle, none")
 
 
 __all__ = ["Algorithm", "NoUpdate", "StepInputs", "make_algorithm"]

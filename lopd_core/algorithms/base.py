@@ -20,6 +20,7 @@ What it is not: no rollouts, no retrieval policy, no file I/O, no tensors (the l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -43,6 +44,9 @@ class StepInputs:
     group_size: int = 1
     bank_successes: list[Trajectory] = field(default_factory=list)
     """The bank's successful episodes (LOPD re-scores some when a step has no success of its own)."""
+    play_more: Callable[[int], tuple[list[Task], list[Trajectory]]] | None = None
+    """Play ``n`` more groups (the next tasks of the run's order, G episodes each) with the current student;
+    the training loop counts them in the budget (GRPO's top-up of groups without signal)."""
 
 
 @runtime_checkable

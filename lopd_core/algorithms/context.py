@@ -11,6 +11,7 @@ What it is not: no models, no prompts' token layout (see :mod:`lopd_core.models.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from lopd_core.envs.base import Task
@@ -52,11 +53,38 @@ def opsd_reference(tokenizer, task: Task, trajectory: Trajectory, retriever: Ret
     return "", "none"
 
 
-def sdpo_context(tokenizer, group: list[Trajectory], index: int, *, max_tokens: int) -> tuple[str, bool, bool]:
+_UNMET = re.compile(r"unmet (\w+): (.*)")
+_CALL_NAME = re.compile(r'"name":\s*"([^"]+)"')
+
+
+def redact_feedback(feedback: str) -> str:
+    """The verifier's feedback without the expected values: which requirements were unmet, not their answers.
+
+    Toolworld's feedback names each unmet checklist item with its expected value (the call's arguments, the
+    answer's words); a teacher shown those can answer without calling a tool at all. Kept: the tool a
+    missing call should have used, and that an answer item or a state change was missing."""
+    lines = []
+    for part in (p.strip() for p in feedback.split(";")):
+        match = _UNMET.match(part)
+        if not match:
+            lines.append(part)
+        elif match.group(1) == "call":
+            name = _CALL_NAME.search(match.group(2))
+            lines.append(f"a required call to `{name.group(1)}` was not made correctly" if name
+                         else "a required tool call was not made correctly")
+        elif match.group(1) == "answer":
+            lines.append("the final answer missed a required item")
+        else:
+            lines.append(f"a required {match.group(1)} change was not made")
+    return "; ".join(dict.fromkeys(lines))
+
+
+def sdpo_context(tokenizer, group: list[Trajectory], index: int, *, max_tokens: int,
+                 redact: bool = True) -> tuple[str, bool, bool]:
     """(context text, used a sibling, used feedback) for rollout ``index`` of its group; "" → no loss.
 
     The sibling is the best-rewarded *other* successful rollout of the group; the sample's own episode is
-    never shown to its teacher.
+    never shown to its teacher. ``redact`` removes the expected values from the feedback (:func:`redact_feedback`).
     """
     sample = group[index]
     siblings = [t for j, t in enumerate(group) if j != index and t.success and t.status != "error"
@@ -66,6 +94,7 @@ def sdpo_context(tokenizer, group: list[Trajectory], index: int, *, max_tokens: 
         best = max(siblings, key=lambda t: t.reward)
         parts.append("A successful attempt at this task:\n" + trajectory_transcript(tokenizer, best, max_tokens=max_tokens))
     if sample.feedback.strip():
+        feedback = redact_feedback(sample.feedback.strip()) if redact else sample.feedback.strip()
         parts.append("Feedback from the environment on an attempt:\n"
-                     + truncate_tokens(tokenizer, sample.feedback.strip(), max_tokens=max_tokens // 2))
+                     + truncate_tokens(tokenizer, feedback, max_tokens=max_tokens // 2))
     return "\n\n".join(parts), bool(siblings), bool(sample.feedback.strip())

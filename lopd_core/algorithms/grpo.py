@@ -2,10 +2,15 @@
 
 What it is: B/G tasks × G rollouts per step; each rollout's advantage is ``(r − mean_group) / std_group``
 over the group's usable (non-errored) rollouts; loss = PPO-clip (ε = ``distill.grpo.clip_eps``) on every
-supervised token, global token mean; one AdamW step. The "old" log-probs are the trainer's own
-temperature-1 forward before the step (the rollout engine's temperature-0.7 log-probs are only
-diagnostics), so with one update per batch the ratio is 1 at the gradient and the clip is inactive; the
-clip matters only if a caller runs several epochs on a batch.
+supervised token, global token mean; ``distill.grpo.epochs`` AdamW steps on the same rollouts. The "old"
+log-probs are the trainer's own temperature-1 forward before the first epoch (the rollout engine's
+temperature-0.7 log-probs are only diagnostics): the first epoch's ratio is 1 and the clip inactive, later
+epochs clip.
+
+A group whose rewards do not vary has advantage 0 for every member: it teaches nothing and is left out
+of the update. With ``distill.grpo.top_up`` such groups are replaced by fresh groups of the next tasks
+(played by the current student, counted in the budget), up to that many per step; the rate of
+zero-advantage rollouts is reported either way, and a step with no signal at all is not an update.
 
 What it is not: no KL penalty to a reference model (the LOPD paper's GRPO baseline has none).
 """
@@ -49,46 +54,81 @@ def group_advantages(inputs: StepInputs, usable: list[int], device) -> torch.Ten
     return out
 
 
+def _zero_variance_groups(trajectories, group_size: int) -> int:
+    """Groups whose usable members all got the same reward (or fewer than two usable members): no signal."""
+    usable = set(usable_rollouts(trajectories))
+    flat = 0
+    for start in range(0, len(trajectories), group_size):
+        rewards = {trajectories[i].reward for i in range(start, start + group_size) if i in usable}
+        members = sum(i in usable for i in range(start, start + group_size))
+        flat += members < 2 or len(rewards) < 2
+    return flat
+
+
 class GRPO:
     name = "grpo"
 
     def __init__(self, cfg: DistillConfig, policies: PolicySet):
         self.cfg, self.policies = cfg, policies
         self.episodes_per_task = cfg.group_size
-        self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)
+        self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.student_lr(), weight_decay=cfg.weight_decay)
 
     def step(self, inputs: StepInputs) -> dict[str, Any]:
         timer = Timer()
-        usable = usable_rollouts(inputs.trajectories)
-        metrics = skipped_metrics("distill", total=len(inputs.trajectories), errored=len(inputs.trajectories) - len(usable))
-        if not usable:
+        grpo, g = self.cfg.grpo, inputs.group_size
+        trajectories, tasks = list(inputs.trajectories), list(inputs.tasks)
+        extra_groups = 0
+        n_groups = len(trajectories) // g
+        zero_rate = _zero_variance_groups(trajectories, g) / max(n_groups, 1)
+        while grpo.top_up and inputs.play_more is not None and extra_groups < grpo.top_up:
+            missing = n_groups - (len(trajectories) // g - _zero_variance_groups(trajectories, g))
+            if missing <= 0:
+                break
+            more_tasks, more = inputs.play_more(min(missing, grpo.top_up - extra_groups))
+            extra_groups += len(more) // g
+            trajectories, tasks = trajectories + more, tasks + more_tasks
+        usable = usable_rollouts(trajectories)
+        metrics = skipped_metrics("distill", total=len(trajectories), errored=len(trajectories) - len(usable))
+        metrics.update({"grpo/zero_advantage_group_rate": zero_rate, "grpo/top_up_groups": float(extra_groups),
+                        "budget/extra_episodes": float(extra_groups * g)})
+        grouped = StepInputs(step=inputs.step, trajectories=trajectories, tasks=tasks, retrieved=[[]] * len(trajectories),
+                             group_size=g)
+        advantages = group_advantages(grouped, usable, self.policies.device)
+        keep = [n for n in range(len(usable)) if float(advantages[n]) != 0.0]
+        metrics["grpo/zero_advantage_rate"] = 1.0 - len(keep) / max(len(usable), 1)
+        if not keep:
             return {**metrics, "distill/updated": 0.0}
-        rows = [inputs.trajectories[i] for i in usable]
-        advantages = group_advantages(inputs, usable, self.policies.device)
+        rows = [trajectories[usable[n]] for n in keep]
+        advantages = advantages[keep]
         parts = micro_batches(len(rows), self.cfg.micro_batch)
         batches = [plain_student_batch(self.policies, rows[part]) for part in parts]
         n_tokens = sum(b.n_tokens for b in batches)
-        loss_sum = 0.0
         with timer("student"):
+            with torch.no_grad():  # π_old: the student before this step's first epoch
+                old = [to_padded(gather_tokens(student_logprobs(self.policies, b), b.target_ids[b.mask.bool()]), b.mask)
+                       for b in batches]
             self.policies.train_mode(True)
-            for part, batch in zip(parts, batches, strict=True):  # Σ (slice token sum / all tokens): the global mean
-                lp = student_logprobs(self.policies, batch)
-                token_lp = to_padded(gather_tokens(lp, batch.target_ids[batch.mask.bool()]), batch.mask)
-                per_token = losses.ppo_clip_loss(token_lp, token_lp.detach(), advantages[part][:, None],
-                                                 clip_low=self.cfg.grpo.clip_eps)
-                loss = (per_token * batch.mask).sum() / max(n_tokens, 1)
-                loss.backward()
-                loss_sum += float(loss.detach())
-                del lp, token_lp, per_token, loss
-            grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
+            for _ in range(grpo.epochs):
+                loss_sum, clipped = 0.0, 0.0
+                for part, batch, old_lp in zip(parts, batches, old, strict=True):  # Σ (slice token sum / all tokens)
+                    lp = student_logprobs(self.policies, batch)
+                    token_lp = to_padded(gather_tokens(lp, batch.target_ids[batch.mask.bool()]), batch.mask)
+                    per_token = losses.ppo_clip_loss(token_lp, old_lp, advantages[part][:, None], clip_low=grpo.clip_eps)
+                    loss = (per_token * batch.mask).sum() / max(n_tokens, 1)
+                    loss.backward()
+                    loss_sum += float(loss.detach())
+                    ratio = torch.exp(token_lp.detach() - old_lp)
+                    clipped += float(((ratio - 1).abs() > grpo.clip_eps).float().mul(batch.mask).sum())
+                    del lp, token_lp, per_token, loss
+                grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
             self.policies.train_mode(False)
         return {**metrics, "distill/updated": 1.0, "distill/loss": loss_sum,
                 "distill/student_grad_norm": grad_norm, "distill/supervised_tokens": float(n_tokens),
                 "distill/micro_batches": float(len(parts)),
                 "grpo/advantage_abs_mean": float(advantages.abs().mean()),
-                "grpo/zero_advantage_rate": float((advantages == 0).float().mean()),
+                "grpo/clipped_fraction_last_epoch": clipped / max(n_tokens, 1),
                 "distill/time_student_s": timer.total(),
-                "distill/tokens_per_s": n_tokens / max(timer.total(), 1e-9)}
+                "distill/tokens_per_s": grpo.epochs * n_tokens / max(timer.total(), 1e-9)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"student_optimizer": self.optimizer.state_dict()}

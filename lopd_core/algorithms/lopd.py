@@ -205,7 +205,7 @@ class LOPD:
         self.composer_trainable = self.uses_latents and not self.lopd.frozen_composer
         self.margin = self.lopd.margin if self.lopd.margin_form == "signed" else self.lopd.balanced_margin
         """m of the configured margin form (0 = no constraint)."""
-        self.student_optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)
+        self.student_optimizer = make_adamw(policies.student_parameters(), lr=cfg.student_lr(), weight_decay=cfg.weight_decay)
         self.composer_optimizer = None
         if self.composer_trainable:
             self.composer_optimizer = make_adamw(composer_parameters(policies, composer), lr=self.lopd.lr_composer,

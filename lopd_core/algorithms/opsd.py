@@ -42,7 +42,7 @@ class OPSD:
 
     def __init__(self, cfg: DistillConfig, policies: PolicySet):
         self.cfg, self.policies = cfg, policies
-        self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)
+        self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.student_lr(), weight_decay=cfg.weight_decay)
 
     def step(self, inputs: StepInputs) -> dict[str, Any]:
         tok, timer = self.policies.tokenizer, Timer()

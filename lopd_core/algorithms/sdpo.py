@@ -44,7 +44,7 @@ class SDPO:
     def __init__(self, cfg: DistillConfig, policies: PolicySet):
         self.cfg, self.policies, self.sdpo = cfg, policies, cfg.sdpo
         self.episodes_per_task = cfg.group_size
-        self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)
+        self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.student_lr(), weight_decay=cfg.weight_decay)
         self.ema_model = None
         if policies.student_kind == "lora":
             lora = policies.base.peft_config[STUDENT]
@@ -81,7 +81,8 @@ class SDPO:
         for i in sorted(usable):
             start = (i // g) * g
             group = inputs.trajectories[start:start + g]
-            context, sibling, feedback = sdpo_context(tok, group, i - start, max_tokens=self.cfg.lopd.experience_max_tokens)
+            context, sibling, feedback = sdpo_context(tok, group, i - start, max_tokens=self.cfg.lopd.experience_max_tokens,
+                                                      redact=self.sdpo.feedback == "redacted")
             if not context:
                 continue
             traj = inputs.trajectories[i]

@@ -47,7 +47,7 @@ from lopd_core.models.composer import experience_text
 from lopd_core.models.latent import TeacherPrompt, text_context_prompt
 from lopd_core.models.policy import STUDENT, PolicySet, hidden_states, logprobs_at
 from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids
-from lopd_core.records.experience import Experience
+from lopd_core.records.experience import Experience, own_turns
 from lopd_core.rollout.engines.base import SamplingParams
 
 SKILL_FRAMING_BEFORE = "A skill that worked on a similar, already solved task:\n"
@@ -69,7 +69,8 @@ def _tool_names(text: str) -> list[str]:
 
 def template_skill(experience: Experience) -> str:
     """A deterministic one-paragraph skill from an experience: its tool-call sequence, or its answer's form."""
-    assistant = [m.get("content") or "" for m in experience.messages if m.get("role") == "assistant"]
+    turns = own_turns(experience.messages, instruction=experience.instruction)  # never the worked examples' calls
+    assistant = [m.get("content") or "" for m in turns if m.get("role") == "assistant"]
     calls = [name for text in assistant for name in _tool_names(text)]
     if calls:
         steps = ", then ".join(f"call `{n}`" for n in calls)
@@ -130,7 +131,7 @@ class SkillSD:
         self.engine = engine
         if self.skill_cfg.skill_source == "policy" and engine is None:
             raise ValueError("distill.skill_sd.skill_source='policy' needs a rollout engine to write skills with")
-        self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.lr_student, weight_decay=cfg.weight_decay)
+        self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.student_lr(), weight_decay=cfg.weight_decay)
         self.bank = SkillBank()
 
     def _policy_skills(self, experiences: list[Experience]) -> list[str]:

@@ -1,0 +1,34 @@
+"""Supervised fine-tuning on whole trajectories: the update of the controls that learn from demonstrations.
+
+:func:`supervised_update` is one optimizer step of next-token NLL on every assistant token of the given
+trajectories (a global token mean over micro-batches, as every method here), used by RFT (the agent's own
+successes) and the capacity control (oracle transcripts). Not here: which trajectories, or when.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lopd_core.algorithms.logprobs import gather_tokens, micro_batches, plain_student_batch, student_logprobs
+from lopd_core.algorithms.optim import clip_and_step
+from lopd_core.models.policy import PolicySet
+from lopd_core.records.trajectory import Trajectory
+
+
+def supervised_update(policies: PolicySet, optimizer: torch.optim.Optimizer, rows: list[Trajectory], *,
+                      micro_batch: int, grad_clip: float) -> dict[str, float]:
+    """One step of NLL on the assistant tokens of ``rows``; returns the loss (nats/token), grad norm, tokens."""
+    parts = micro_batches(len(rows), micro_batch)
+    batches = [plain_student_batch(policies, rows[part]) for part in parts]
+    n_tokens = sum(b.n_tokens for b in batches)
+    total = 0.0
+    policies.train_mode(True)
+    for batch in batches:
+        logprobs = student_logprobs(policies, batch)
+        loss = -gather_tokens(logprobs, batch.target_ids[batch.mask.bool()]).sum() / max(n_tokens, 1)
+        loss.backward()
+        total += float(loss.detach())
+        del logprobs, loss
+    grad_norm = clip_and_step(policies.student_parameters(), optimizer, max_norm=grad_clip)
+    policies.train_mode(False)
+    return {"loss": total, "grad_norm": grad_norm, "tokens": float(n_tokens), "micro_batches": float(len(parts))}
