@@ -32,7 +32,8 @@ def _comparison(profile: str, overrides: list[str], params: dict[str, Any]):
                            seeds=params["seeds"], root=root, ablations=split_names(params["ablations"]),
                            seeds_by_method=parse_seeds_for(params["seeds_for"]),
                            eval_every=params["eval_every"] or None, eval_tasks=params["eval_tasks"] or None,
-                           seed_episodes=params["seed_episodes"] or None)
+                           seed_episodes=params["seed_episodes"] or None,
+                           bank_episodes=[Path(p) for p in params.get("bank_episodes") or []])
 
 
 @task(name="compare-bank", retry_condition_fn=transient, retries=1, persist_result=False)
@@ -50,15 +51,15 @@ def run_task(profile: str, overrides: list[str], params: dict[str, Any], key: st
 @flow(name="lopd-compare", log_prints=True)
 def compare_flow(suite: str = "toolworld", methods: str = "lopd,grpo,opsd,sdpo,skill_sd,none", budget: int = 160,
                  seeds: int = 1, seeds_for: str = "", ablations: str = "", eval_every: int = 0, eval_tasks: int = 0,
-                 seed_episodes: int = 0, root: str = "", report_dir: str = "", profile: str = "demo",
-                 overrides: list[str] | None = None) -> dict:
+                 seed_episodes: int = 0, bank_episodes: list[str] | None = None, root: str = "",
+                 report_dir: str = "", profile: str = "demo", overrides: list[str] | None = None) -> dict:
     """Every run of the comparison (resuming finished ones), then the report as files and artifacts."""
     from lopd_core.compare_report import machine_description, summarize, write_report
 
     overrides = list(overrides or [])
     params = {"suite": suite, "methods": methods, "budget": budget, "seeds": seeds, "seeds_for": seeds_for,
               "ablations": ablations, "eval_every": eval_every, "eval_tasks": eval_tasks,
-              "seed_episodes": seed_episodes, "root": root}
+              "seed_episodes": seed_episodes, "bank_episodes": list(bank_episodes or []), "root": root}
     comp, specs = _comparison(profile, overrides, params)  # a bad plan fails here, before any work
     with training_slot(comp.cfg.cycle.concurrency_limit_name, comp.ws.home):
         bank_task(profile, overrides, params)

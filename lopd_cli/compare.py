@@ -25,14 +25,15 @@ from lopd_cli.common import (
 
 def compare(
     suite: Annotated[str, typer.Option(help="Task suite.")] = "toolworld",
-    methods: Annotated[str, typer.Option(help="Comma-separated: lopd,grpo,opsd,sdpo,skill_sd,none.")] = "lopd,grpo,opsd,sdpo,skill_sd,none",
+    methods: Annotated[str, typer.Option(help="Comma-separated: lopd,grpo,opsd,sdpo,skill_sd,rft,rft_hinted,sft_oracle,none.")] = "lopd,grpo,opsd,sdpo,skill_sd,none",
     budget: Annotated[int, typer.Option(help="Training episodes per run (steps = budget / distill.tasks_per_step).")] = 160,
     seeds: Annotated[int, typer.Option(help="Seeds per method (override per method with --seeds-for).")] = 1,
     seeds_for: Annotated[str, typer.Option("--seeds-for", help="Per-method seeds, e.g. 'lopd=3,grpo=3'.")] = "",
-    ablations: Annotated[str, typer.Option(help="Comma-separated: lopd_frozen,lopd_m0,lopd_text,lopd_k8,lopd_k32,lopd_j1,lopd_j3.")] = "",
+    ablations: Annotated[str, typer.Option(help="Comma-separated: lopd_frozen, lopd_m0, lopd_text, lopd_k8, lopd_k32, lopd_j1, lopd_j3, lopd_signed, lopd_user_framing, lopd_system, lopd_chat_turn, lopd_any_family.")] = "",
     eval_every: Annotated[int, typer.Option(help="Evaluate every this many steps (default: evaluate.every_steps).")] = 0,
     eval_tasks: Annotated[int, typer.Option(help="Held-out tasks per evaluation (default: evaluate.n_tasks).")] = 0,
     seed_episodes: Annotated[int, typer.Option(help="Base-model episodes that seed the experience bank (default: rollout.n_tasks).")] = 0,
+    bank_episodes: Annotated[list[Path] | None, typer.Option(help="Seed the bank from these episodes (JSONL of `lopd probe-passk --out`) instead; repeatable.")] = None,
     root: Annotated[Path | None, typer.Option(help="Work directory (default: <workspace>/compare/<suite>); reuse it to resume.")] = None,
     report_dir: Annotated[Path | None, typer.Option(help="Where the report goes (default: reports/<suite>-<date>).")] = None,
     report_only: Annotated[bool, typer.Option("--report-only", help="Write the report from the runs finished so far; run nothing.")] = False,
@@ -56,8 +57,9 @@ def compare(
         result = run_comparison(cfg, suite=suite, methods=split_names(methods), budget=budget, seeds=seeds, root=root,
                                 ablations=split_names(ablations), seeds_by_method=seeds_by_method,
                                 eval_every=eval_every or None, eval_tasks=eval_tasks or None,
-                                seed_episodes=seed_episodes or None, log=log, report_only=report_only)
-    except (ValueError, RuntimeError) as e:
+                                seed_episodes=seed_episodes or None, bank_episodes=list(bank_episodes or []), log=log,
+                                report_only=report_only)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
         fail(str(e))
     command = "lopd compare " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     summary = summarize(result, write_report(result, report_dir, machine=machine_description(), command=command,

@@ -29,19 +29,6 @@ def _policies(cfg):
         fail(str(e))
 
 
-def _read_episodes(paths: list[Path]):
-    from lopd_core.records.trajectory import Trajectory
-
-    rows = []
-    for path in paths:
-        if not path.exists():
-            fail(f"{path}: no such file (pass the JSONL that `lopd probe-passk --out` or `lopd rollout --out` wrote)")
-        fields = set(Trajectory.__dataclass_fields__)
-        rows += [Trajectory(**{k: v for k, v in json.loads(line).items() if k in fields})
-                 for line in path.read_text().splitlines() if line.strip()]
-    return rows
-
-
 def probe_passk(
     suite: Annotated[str | None, typer.Option(help="Task suite (overrides rollout.suite).")] = None,
     per_family: Annotated[int, typer.Option(help="Training tasks per family.")] = 4,
@@ -102,13 +89,18 @@ def probe_teacher(
     """Is the self-teacher privileged? δ on the base model's own successes and failures, per teacher."""
     from lopd_core.envs import get_suite, suite_kind
     from lopd_core.models.latent import PLACEMENTS
-    from lopd_core.probe import probe_teacher as probe
+    from lopd_core.privilege import probe_teacher as probe
     from lopd_core.probe import tasks_per_family, text_teacher_as_agent
     from lopd_core.recipe import cold_start_composer, memory_bank
     from lopd_core.training import load_composer_init
 
     cfg = load(profile, set_)
-    rows = _read_episodes(episodes)
+    from lopd_core.compare import read_episodes
+
+    try:
+        rows = read_episodes(episodes)
+    except FileNotFoundError as e:
+        fail(str(e))
     suites = {r.suite for r in rows}
     if len(suites) != 1:
         fail(f"the episodes come from {len(suites)} suites ({', '.join(sorted(suites))}); probe one suite at a time")

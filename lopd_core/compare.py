@@ -25,13 +25,14 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from lopd_core.config import Config
 from lopd_core.cycle import MlflowMetricLogger
-from lopd_core.envs import get_suite
+from lopd_core.envs import get_suite, suite_kind
+from lopd_core.evaluation import EVAL_SEED, score_tasks, summarize_rows, validation_tasks
 from lopd_core.memory.store import ExperienceStore
 from lopd_core.recipe import (
     HeldOutCurve,
@@ -39,15 +40,27 @@ from lopd_core.recipe import (
     bank_in_store,
     cold_start_composer,
     curve_point,
-    evaluate_policy,
     seed_episodes,
 )
 from lopd_core.records.experience import Bank
+from lopd_core.records.trajectory import Trajectory
 from lopd_core.registry import ModelRegistry
-from lopd_core.training import build_policies, needs_composer, train
+from lopd_core.training import build_policies, needs_composer, task_order, train
 from lopd_core.workspace import Workspace
 
-BASELINES = ("lopd", "grpo", "opsd", "sdpo", "skill_sd", "none")
+METHODS: dict[str, dict[str, Any]] = {
+    "lopd": {"distill.method": "lopd"},
+    "grpo": {"distill.method": "grpo"},
+    "opsd": {"distill.method": "opsd"},
+    "sdpo": {"distill.method": "sdpo"},
+    "skill_sd": {"distill.method": "skill_sd"},
+    "rft": {"distill.method": "rft"},
+    "rft_hinted": {"distill.method": "rft", "distill.rft.hint": True},
+    "sft_oracle": {"distill.method": "sft_oracle"},
+    "none": {"distill.method": "none"},
+}
+"""A comparison's method names and the config they stand for (controls included)."""
+BASELINES = tuple(METHODS)
 SIGNALS = ("rollout/success_rate", "distill/updated", "distill/student_grad_norm", "distill/kl_topk",
            "distill/privilege_delta", "distill/beta", "rollout/generated_tokens")
 """Per-step metrics summarised into every run's result for the report's "training signals" table."""
@@ -59,6 +72,11 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "lopd_k32": {"distill.lopd.n_latents": 32},
     "lopd_j1": {"distill.lopd.n_retrieved": 1},
     "lopd_j3": {"distill.lopd.n_retrieved": 3},
+    "lopd_signed": {"distill.lopd.margin_form": "signed"},
+    "lopd_user_framing": {"distill.lopd.context_placement": "user_framing"},
+    "lopd_system": {"distill.lopd.context_placement": "system"},
+    "lopd_chat_turn": {"distill.lopd.context_placement": "chat_turn"},
+    "lopd_any_family": {"distill.lopd.retrieval_family": "any"},
 }
 
 
@@ -85,7 +103,8 @@ class RunSpec:
 
     @property
     def method(self) -> str:
-        return "lopd" if self.name.startswith("lopd") else self.name
+        """The training method the run uses (``distill.method``)."""
+        return self.overrides.get("distill.method", self.name)
 
 
 def run_specs(methods: list[str], seeds: int, *, ablations: list[str] | None = None, ablation_seeds: int = 1,
@@ -100,7 +119,7 @@ def run_specs(methods: list[str], seeds: int, *, ablations: list[str] | None = N
         if a not in ABLATIONS:
             raise ValueError(f"unknown ablation '{a}'; choose from {', '.join(ABLATIONS)}")
     n_seeds = {m: (seeds_by_method or {}).get(m, seeds) for m in methods}
-    specs = [RunSpec(m, s, {"distill.method": m})
+    specs = [RunSpec(m, s, dict(METHODS[m]))
              for s in range(max(n_seeds.values(), default=0)) for m in methods if s < n_seeds[m]]
     specs += [RunSpec(a, s, {"distill.method": "lopd", **ABLATIONS[a]})
               for s in range(ablation_seeds) for a in ablations or []]
@@ -109,10 +128,19 @@ def run_specs(methods: list[str], seeds: int, *, ablations: list[str] | None = N
 
 # --------------------------------------------------------------------------------------------------
 class Comparison:
-    """One comparison on one suite: shared bank + cold starts, then the runs; everything under ``root``."""
+    """One comparison on one suite: shared bank + cold starts, then the runs; everything under ``root``.
+
+    Evaluation (``evaluate`` section): the first ``n_tasks`` held-out tasks every ``every_steps`` steps (the
+    curve); at the start, the middle and the end, ``full_tasks`` held-out tasks and as many validation tasks
+    (training phrasings and templates, the validation seed, no request a training task of the comparison
+    has), each with the log-probability of the correct tool name and, on the first ``sampled_tasks``, the
+    success of ``samples_per_task`` sampled episodes. Every task's scores are kept (``eval/*.jsonl``) for
+    the paired, cluster-bootstrap intervals of the report.
+    """
 
     def __init__(self, cfg: Config, *, suite: str, budget: int, root: Path, eval_every: int | None = None,
-                 eval_tasks: int | None = None, seed_episodes: int | None = None, log=print):
+                 eval_tasks: int | None = None, seed_episodes: int | None = None,
+                 bank_episodes: list[Path] | None = None, log=print):
         self.log = log
         self.suite_name = suite
         steps = max(budget // cfg.distill.tasks_per_step, 1)
@@ -125,12 +153,16 @@ class Comparison:
         self.cfg = cfg.with_overrides(over)
         self.budget = steps * cfg.distill.tasks_per_step
         self.eval_every = eval_every or self.cfg.evaluate.every_steps
+        self.full_steps = {max(steps // 2, 1), steps}
+        """Steps after which the full evaluation runs (the middle and the end; the start is the base's)."""
+        self.bank_episodes = [Path(p) for p in bank_episodes or []]
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
 
         self.ws = Workspace.from_config(self.cfg.workspace).ensure()
         self._store = None
         self._registry = None
+        self._tasks: dict[str, list] | None = None
 
     # --- shared assets -------------------------------------------------------------------------------
     @property
@@ -155,21 +187,33 @@ class Comparison:
         (self.root / "shared.json").write_text(json.dumps(state, indent=2))
 
     def bank_info(self) -> dict[str, Any]:
-        """Seed episodes of the base model → curated, indexed experiences (built once per suite)."""
+        """The experience bank, built once: seed episodes of the base model (or ``bank_episodes`` files, e.g.
+        the pass@k probe's) stored, curated and indexed; its coverage per family recorded."""
         state = self._state()
         if "bank" in state:
             return state["bank"]
         cfg = self.cfg
-        policies = build_policies(cfg, models_dir=self.ws.models_dir)
         started = time.perf_counter()
-        self.log(f"[bank] {cfg.rollout.n_tasks} base-model episodes on {self.suite_name} training tasks")
-        episodes = seed_episodes(cfg, policies, _suite(self.suite_name), n=cfg.rollout.n_tasks)
+        if self.bank_episodes:
+            episodes = [replace(t, trajectory_id=f"bank/{i:04d}", episode_id=f"bank/{i:04d}", cycle_id="bank")
+                        for i, t in enumerate(read_episodes(self.bank_episodes))]
+            self.log(f"[bank] {len(episodes)} base-model episodes from {', '.join(str(p) for p in self.bank_episodes)}")
+        else:
+            policies = build_policies(cfg, models_dir=self.ws.models_dir)
+            self.log(f"[bank] {cfg.rollout.n_tasks} base-model episodes on {self.suite_name} training tasks")
+            episodes = seed_episodes(cfg, policies, _suite(self.suite_name), n=cfg.rollout.n_tasks)
         bank = bank_in_store(self.store, cfg, episodes, stage="bank", cycle_id="bank")
-        info = {"episodes": len(episodes), "successes": sum(t.success for t in episodes),
+        threshold = cfg.curation.success_threshold(suite_kind(self.suite_name))
+        families = sorted({t.family for t in episodes})
+        info = {"episodes": len(episodes), "successes": sum(t.reward >= threshold for t in episodes),
                 "experiences": self.store.count("experiences"), "version": bank.version,
                 "curated": len(bank.successes), "seconds": round(time.perf_counter() - started, 1),
-                "generated_tokens": sum(t.n_generated for t in episodes)}
-        self.log(f"[bank] {info['successes']}/{info['episodes']} successes → {info['experiences']} experiences")
+                "generated_tokens": sum(t.n_generated for t in episodes),
+                "coverage": {f: {"episodes": sum(t.family == f for t in episodes),
+                                 "successes": sum(t.family == f and t.reward >= threshold for t in episodes),
+                                 "experiences": sum(t.family == f for t in bank.successes)} for f in families}}
+        self.log(f"[bank] {info['successes']}/{info['episodes']} successes → {info['experiences']} experiences; "
+                 f"families with experiences: {sum(v['experiences'] > 0 for v in info['coverage'].values())}/{len(families)}")
         state["bank"] = info
         self._save_state(state)
         return info
@@ -180,30 +224,87 @@ class Comparison:
         return bank_from_store(self.store, version=int(info["version"]), episodes=int(info["episodes"]))
 
     def cold_start(self, cfg: Config) -> Path:
-        """The cold-started composer for this latent shape (K), trained once on the bank."""
-        k = cfg.distill.lopd.n_latents
-        out = self.root / "cold_start" / f"k{k}"
+        """The cold-started composer for these composer settings, trained once on the bank."""
+        lopd = cfg.distill.lopd
+        key = (f"k{lopd.n_latents}-d{lopd.compressor_depth}-j{lopd.n_retrieved}-{lopd.context_placement}-"
+               f"{lopd.retrieval_family}-t{lopd.experience_max_tokens}")
+        out = self.root / "cold_start" / key
         if (out / "lopd_composer.json").exists():
             return out
         bank = self.bank()
         started = time.perf_counter()
-        self.log(f"[cold start] K={k}: {cfg.distill.lopd.cold_start.steps} steps on {len(bank.successes)} successes")
+        self.log(f"[cold start] {key}: up to {lopd.cold_start.steps} steps on {len(bank.successes)} successes")
         result = cold_start_composer(cfg, bank, suite_name=self.suite_name, out_dir=out, models_dir=self.ws.models_dir)
         state = self._state()
-        state.setdefault("cold_start", {})[f"k{k}"] = {**result.to_dict(), "seconds": round(time.perf_counter() - started, 1)}
+        state.setdefault("cold_start", {})[key] = {**result.to_dict(), "seconds": round(time.perf_counter() - started, 1)}
         self._save_state(state)
         return out
 
+    # --- evaluation ----------------------------------------------------------------------------------
+    def eval_tasks(self) -> dict[str, list]:
+        """The held-out tasks (``full_tasks``, the curve's ``n_tasks`` first) and the validation tasks."""
+        if self._tasks is None:
+            suite, cfg = _suite(self.suite_name), self.cfg
+            e = cfg.evaluate
+            test = suite.tasks("test", max(e.full_tasks, e.n_tasks), level=cfg.rollout.level, seed=EVAL_SEED)
+            seen = {t.instruction for t in read_episodes(self.bank_episodes)} if self.bank_episodes else set()
+            for seed in range(8):  # the training orders of every seed a comparison runs (1000 + seed)
+                seeded = cfg.with_overrides({"distill.seed": 1000 + seed})
+                seen |= {t.instruction for t in task_order(suite, seeded, n_tasks=cfg.distill.tasks_per_step * cfg.distill.steps)}
+            validation = validation_tasks(suite, e.full_tasks, level=cfg.rollout.level, exclude_instructions=seen) \
+                if e.full_tasks else []
+            self._tasks = {"test": test, "validation": validation}
+        return self._tasks
+
+    def score(self, policies, *, label: str, full: bool, weights: str = "student") -> dict[str, list[dict[str, Any]]]:
+        """Task rows of one evaluation point: the curve's held-out tasks, or (``full``) both splits in full."""
+        cfg, suite, tasks = self.cfg, _suite(self.suite_name), self.eval_tasks()
+        scope = policies.teacher if weights == "base" else policies.student
+        if not full:
+            return {"test": score_tasks(scope, policies, tasks["test"][: cfg.evaluate.n_tasks], suite, cfg=cfg,
+                                        label=label)}
+        out = {}
+        for split in ("test", "validation"):
+            chosen = tasks[split][: max(cfg.evaluate.full_tasks, cfg.evaluate.n_tasks if split == "test" else 0)]
+            rows = score_tasks(scope, policies, chosen, suite, cfg=cfg, label=label, tool_name=True)
+            sampled = chosen[: cfg.evaluate.sampled_tasks]
+            if sampled:
+                extra = score_tasks(scope, policies, sampled, suite, cfg=cfg, label=label,
+                                    samples=cfg.evaluate.samples_per_task)
+                by_task = {r["task_id"]: r.get("sampled_success") for r in extra}
+                for row in rows:
+                    if row["task_id"] in by_task:
+                        row["sampled_success"] = by_task[row["task_id"]]
+            out[split] = rows
+        return out
+
+    def save_rows(self, folder: Path, step: int, rows: dict[str, list[dict[str, Any]]]) -> None:
+        (folder / "eval").mkdir(parents=True, exist_ok=True)
+        for split, split_rows in rows.items():
+            (folder / "eval" / f"{split}-step{step:04d}.jsonl").write_text(
+                "".join(json.dumps(r) + "\n" for r in split_rows))
+
+    def point_fields(self, rows: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, float]]:
+        """A curve point from task rows: the curve's held-out numbers (first ``n_tasks``) and each split's summary."""
+        curve_rows = rows["test"][: self.cfg.evaluate.n_tasks]
+        metrics = summarize_rows(curve_rows)
+        fields = curve_point(metrics)
+        for split, split_rows in rows.items():
+            fields[split] = summarize_rows(split_rows, prefix=split)
+        return fields, metrics
+
     def base_eval(self) -> dict[str, float]:
-        """Held-out success of the base model (the step-0 point of every curve)."""
+        """The base model at step 0, in full (every run's first curve point); its task rows under ``base/eval``."""
         state = self._state()
-        if "base_eval" in state:
+        if "base_eval" in state and "fields" in state["base_eval"]:
             return state["base_eval"]
         policies = build_policies(self.cfg, models_dir=self.ws.models_dir)
-        metrics = evaluate_policy(self.cfg, policies, self.suite_name, label="base", weights="base").metrics
-        state["base_eval"] = metrics
+        rows = self.score(policies, label="base", full=True, weights="base")
+        self.save_rows(self.root / "base", 0, rows)
+        fields, metrics = self.point_fields(rows)
+        state["base_eval"] = {**metrics, "fields": fields}
         self._save_state(state)
-        return metrics
+        return state["base_eval"]
 
     # --- one run -------------------------------------------------------------------------------------
     def run(self, spec: RunSpec) -> dict[str, Any]:
@@ -219,13 +320,13 @@ class Comparison:
         cfg = self.cfg.with_overrides({**spec.overrides, "distill.seed": 1000 + spec.seed})
         bank_info = self.bank_info()
         base = self.base_eval()
-        uses_bank = spec.method in ("lopd", "opsd")
+        uses_bank = spec.method in ("lopd", "opsd", "rft")
         composer_init = self.cold_start(cfg) if needs_composer(cfg) else None
 
         curve_file = folder / "curve.jsonl"
         curve = [json.loads(line) for line in curve_file.read_text().splitlines()] if curve_file.exists() else []
         if not curve:
-            curve.append({"step": 0, "episodes": 0, **curve_point(base)})
+            curve.append({"step": 0, "episodes": 0, **base["fields"]})
             curve_file.write_text(json.dumps(curve[0]) + "\n")
 
         run_id = self.registry.comparison_run(f"compare-{self.suite_name}", spec.key,
@@ -234,16 +335,22 @@ class Comparison:
         policies = build_policies(cfg, models_dir=self.ws.models_dir)
         tokens = {"generated": 0, "trajectory": 0}
 
+        def score(step: int) -> tuple[dict[str, Any], dict[str, float]]:
+            rows = self.score(policies, label=f"{spec.key}/step{step}", full=step in self.full_steps)
+            self.save_rows(folder, step, rows)
+            return self.point_fields(rows)
+
         def record_point(point: dict[str, Any], metrics: dict[str, float]) -> None:
             with curve_file.open("a") as f:
                 f.write(json.dumps(point) + "\n")
             self.registry.log_metrics(run_id, {"eval/success_rate": metrics["eval/success_rate"],
                                                "eval/mean_reward": metrics["eval/mean_reward"]}, step=point["episodes"])
             self.log(f"[{spec.key}] step {point['step']}/{cfg.distill.steps}: held-out success "
-                     f"{metrics['eval/success_rate']:.3f}")
+                     f"{metrics['eval/success_rate']:.3f}, mean reward {metrics['eval/mean_reward']:.3f}")
 
         held_out = HeldOutCurve(cfg, policies, self.suite_name, every=self.eval_every, label=spec.key,
-                                done_steps={c["step"] for c in curve}, on_point=record_point)
+                                done_steps={c["step"] for c in curve}, extra_steps=self.full_steps,
+                                on_point=record_point, score=score)
 
         def on_step(step: int, metrics: dict[str, float], trajectories) -> None:
             tokens["generated"] += sum(t.n_generated for t in trajectories)
@@ -263,8 +370,9 @@ class Comparison:
                    "overrides": spec.overrides, "budget": self.budget, "steps": cfg.distill.steps,
                    "pretraining_episodes": pretraining,
                    "skill_generations": result.budget.get("skill_generations", 0.0),
-                   "final_success": curve[-1]["success_rate"], "curve": curve,
-                   "wall_s_this_session": round(wall, 1), "resumed": result.resumed,
+                   "episodes": result.budget.get("episodes", 0.0),
+                   "final_success": curve[-1]["success_rate"], "final_mean_reward": curve[-1]["mean_reward"],
+                   "curve": curve, "wall_s_this_session": round(wall, 1), "resumed": result.resumed,
                    "generated_tokens": tokens["generated"], "trajectory_tokens": tokens["trajectory"],
                    "student_dir": str(result.student_dir), "mlflow_run_id": run_id}
         self.registry.log_metrics(run_id, {"compare/final_success": summary["final_success"],
@@ -350,10 +458,11 @@ def parse_seeds_for(value: str) -> dict[str, int]:
 def plan_comparison(cfg: Config, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
                     ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
                     eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
-                    log=print, record: bool = True) -> tuple[Comparison, list[RunSpec]]:
+                    bank_episodes: list[Path] | None = None, log=print,
+                    record: bool = True) -> tuple[Comparison, list[RunSpec]]:
     """The comparison and its runs, in order (``plan.json`` under the root records them unless ``record=False``)."""
     comp = Comparison(cfg, suite=suite, budget=budget, root=root, eval_every=eval_every, eval_tasks=eval_tasks,
-                      seed_episodes=seed_episodes, log=log)
+                      seed_episodes=seed_episodes, bank_episodes=bank_episodes, log=log)
     specs = run_specs(methods, seeds, ablations=ablations, seeds_by_method=seeds_by_method)
     if not record:
         return comp, specs
@@ -369,15 +478,15 @@ def plan_comparison(cfg: Config, *, suite: str, methods: list[str], budget: int,
 def run_comparison(cfg: Config, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
                    ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
                    eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
-                   log=print, report_only: bool = False) -> dict[str, Any]:
+                   bank_episodes: list[Path] | None = None, log=print, report_only: bool = False) -> dict[str, Any]:
     """Run (or resume) every run of the comparison; returns all run summaries.
 
     ``report_only``: run nothing, return the runs of this plan that have finished so far (a look at a long
     comparison while it runs, possibly in another process)."""
     comp, specs = plan_comparison(cfg, suite=suite, methods=methods, budget=budget, seeds=seeds, root=root,
                                   ablations=ablations, seeds_by_method=seeds_by_method, eval_every=eval_every,
-                                  eval_tasks=eval_tasks, seed_episodes=seed_episodes, log=log,
-                                  record=not report_only)
+                                  eval_tasks=eval_tasks, seed_episodes=seed_episodes, bank_episodes=bank_episodes,
+                                  log=log, record=not report_only)
     if report_only:
         done = [run_dir(comp.root, s.key) / "result.json" for s in specs]
         results = [json.loads(p.read_text()) for p in done if p.exists()]
@@ -397,3 +506,15 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     if not values:
         return float("nan"), float("nan")
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def read_episodes(paths: list[Path]) -> list:
+    """Trajectories from JSONL files (what `lopd probe-passk --out` and `lopd rollout --out` write)."""
+    fields = set(Trajectory.__dataclass_fields__)
+    rows = []
+    for path in paths:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"{path}: no such episodes file (JSONL written by `lopd probe-passk --out`)")
+        rows += [Trajectory(**{k: v for k, v in json.loads(line).items() if k in fields})
+                 for line in Path(path).read_text().splitlines() if line.strip()]
+    return rows

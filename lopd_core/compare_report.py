@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lopd_core.compare import mean_std
+from lopd_core.stats import paired_cluster_bootstrap, per_family
 from lopd_core.workspace import portable
 
 
@@ -167,6 +168,9 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
             lines.append(f"| {r['baseline']} (n={r['baseline_seeds']}){trivial} | {r['baseline_final']:.3f} ± "
                          f"{r['baseline_final_std']:.3f} | {r['lopd_seeds_reaching']}/{r['lopd_seeds']} | "
                          f"{_fmt(r['ratio'])} | {_fmt(r['ratio_with_pretraining'])} |")
+    paired = paired_intervals(result)
+    result["paired"] = paired
+    lines += intervals_section(paired)
     lines += signals_section(groups)
     lines += ["", "![curves incl. pre-training](curves_with_pretraining.png)", "", "## Curves (all points)", ""]
     for r in result["runs"]:
@@ -179,6 +183,65 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
     path = out_dir / "README.md"
     path.write_text(scrub("\n".join(lines) + "\n"))
     return path
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def final_rows(root: Path, run: dict[str, Any], split: str) -> list[dict[str, Any]]:
+    """A finished run's task rows of its last full evaluation on ``split`` (empty when it has none)."""
+    files = sorted((Path(root) / "runs" / run["run"] / "eval").glob(f"{split}-step*.jsonl"))
+    return _rows(files[-1]) if files else []
+
+
+def paired_intervals(result: dict[str, Any]) -> dict[str, Any]:
+    """Per split and method: the paired difference to the base model on the final full evaluation (seeds
+    averaged per task), its cluster-bootstrap interval and MDE, for mean reward and success; per family, the
+    mean reward of each method and the base. Empty when the comparison kept no task rows."""
+    out: dict[str, Any] = {}
+    if not result.get("root"):
+        return out
+    root = Path(result["root"])
+    for split in ("validation", "test"):
+        base = _rows(root / "base" / "eval" / f"{split}-step0000.jsonl")
+        if not base:
+            continue
+        methods: dict[str, Any] = {}
+        families: dict[str, dict[str, float]] = {"base": per_family(base, "reward")}
+        for name, runs in group_runs(result["runs"]).items():
+            rows = [row for r in runs for row in final_rows(root, r, split)]
+            if not rows:
+                continue
+            methods[name] = {metric: paired_cluster_bootstrap(rows, base, metric=metric)
+                             for metric in ("reward", "success")}
+            methods[name]["seeds"] = len(runs)
+            families[name] = per_family(rows, "reward")
+        out[split] = {"tasks": len(base), "methods": methods, "per_family_reward": families}
+    return out
+
+
+def intervals_section(paired: dict[str, Any]) -> list[str]:
+    """The paired, cluster-bootstrap comparison with the base model, per split, and the per-family rewards."""
+    lines = []
+    for split, block in paired.items():
+        lines += ["", f"## Against the base model, {split} split ({block['tasks']} tasks, final evaluation)", "",
+                  "Paired per task (each method's seeds averaged per task), 95 % interval from a bootstrap over "
+                  "(family, phrasing) clusters; MDE = the smallest difference this spread would detect (5 %, 80 % "
+                  "power).", "",
+                  "| run | seeds | mean reward − base [95 %] | MDE | success − base [95 %] |", "|---|---|---|---|---|"]
+        for name, m in block["methods"].items():
+            r, s = m["reward"], m["success"]
+            lines.append(f"| {name} | {m['seeds']} | {r['mean_diff']:+.3f} [{r['ci95_low']:+.3f}, {r['ci95_high']:+.3f}] | "
+                         f"{r['mde']:.3f} | {s['mean_diff']:+.3f} [{s['ci95_low']:+.3f}, {s['ci95_high']:+.3f}] |")
+        fams = block["per_family_reward"]
+        names = list(fams)
+        all_families = sorted({f for v in fams.values() for f in v})
+        lines += ["", f"Mean reward per family ({split}):", "", "| family | " + " | ".join(names) + " |",
+                  "|---|" + "---|" * len(names)]
+        for family in all_families:
+            lines.append(f"| {family} | " + " | ".join(f"{fams[n].get(family, float('nan')):.3f}" for n in names) + " |")
+    return lines
 
 
 def _signal(runs: list[dict[str, Any]], key: str, field: str, fmt: str) -> str:

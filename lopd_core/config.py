@@ -279,6 +279,8 @@ class RFTConfig(_Section):
     """At most this many buffer episodes per pass (the newest first, then a deterministic sample)."""
     hint: bool = False
     """Hinted RFT: play each task with a worked example of its own family's tool as chat turns (a sibling task's oracle) and train the plain-prompt student on the successes."""
+    seed_from_bank: bool = True
+    """Start the replay buffer with the experience bank's successes (the base model's own; their episodes count as pre-training budget)."""
 
 
 class OracleSFTConfig(_Section):
@@ -357,6 +359,12 @@ class EvaluateConfig(_Section):
     """Fixed general prompts scored by NLL against the base model."""
     every_steps: int = Field(5, ge=1)
     """In `lopd compare`: evaluate every this many steps."""
+    full_tasks: int = Field(64, ge=0)
+    """In `lopd compare`: held-out and validation tasks at the start, the middle and the end of a run (evaluate.n_tasks held-out tasks elsewhere); 0 = none."""
+    sampled_tasks: int = Field(16, ge=0)
+    """In `lopd compare`: tasks of each split whose success is also measured by sampling (at the start, middle and end)."""
+    samples_per_task: int = Field(4, ge=1)
+    """Sampled episodes per task for the sampled success rate (rollout temperature)."""
 
 
 class RegistryConfig(_Section):

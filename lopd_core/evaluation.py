@@ -27,10 +27,12 @@ import torch
 
 from lopd_core.config import Config
 from lopd_core.envs import get_suite
+from lopd_core.privilege import action_logprobs, first_call_probabilities
 from lopd_core.records.chat import render_prompt_ids
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.rollout.agent import play
 from lopd_core.rollout.engines import make_engine
+from lopd_core.rollout.oracle import oracle_episode
 
 EVAL_SEED = 10_007
 """Task seed of the held-out sets (fixed, so every model version is scored on the same tasks)."""
@@ -90,6 +92,67 @@ def run_suite(model, tokenizer, suite_name: str, *, cfg: Config, split: str, n_t
     engine = make_engine("hf", model, tokenizer, batch_size=cfg.rollout.batch_size)
     return play(cfg.rollout, engine, tokenizer, suite, tasks, seed=seed, temperature=temperature,
                 policy_version=policy_version, step=step, cycle_id=cycle_id, progress=progress)
+
+
+# --------------------------------------------------------------------------------------------------
+# Task-level scores (what the comparison's intervals are computed from)
+VALIDATION_SEED = 20_011
+"""Task seed of the validation split: training phrasings and templates, entity draws of their own. No
+training run, bank or cycle uses it (:func:`lopd_core.training.task_order` refuses it)."""
+
+
+def validation_tasks(suite, n: int, *, level: int, exclude_instructions: set[str] = frozenset()) -> list:
+    """``n`` validation tasks (:data:`VALIDATION_SEED`), leaving out any whose request a training task has."""
+    out = [t for t in suite.tasks("train", 3 * n, level=level, seed=VALIDATION_SEED)
+           if t.instruction not in exclude_instructions]
+    return out[:n]
+
+
+def task_cluster(task) -> str:
+    """The cluster a task belongs to for resampling: its family and the phrasing template of its request."""
+    return f"{task.family}|{task.payload.get('phrasing', '')}"
+
+
+def score_tasks(student: Scope, policies, tasks: list, suite, *, cfg: Config, label: str, samples: int = 0,
+                tool_name: bool = False) -> list[dict[str, Any]]:
+    """One row per task: the greedy episode's reward and success, the mean success of ``samples`` sampled
+    episodes (rollout temperature), and the log-probability of the correct tool name on the task's oracle
+    first action (``tool_name``: a continuous signal that moves before success does)."""
+    def play_all(rows: list, temperature: float, seed: int) -> list[Trajectory]:
+        with student() as model:
+            model.eval()
+            engine = make_engine("hf", model, policies.tokenizer, batch_size=cfg.rollout.batch_size)
+            return play(cfg.rollout, engine, policies.tokenizer, suite, rows, seed=seed, temperature=temperature,
+                        policy_version=label)
+
+    greedy = play_all(tasks, cfg.evaluate.temperature, EVAL_SEED)
+    rows = [{"task_id": t.task_id, "family": t.family, "cluster": task_cluster(t), "split": t.split,
+             "reward": e.reward, "success": float(e.success), "response_tokens": float(e.n_generated)}
+            for t, e in zip(tasks, greedy, strict=True)]
+    if samples:
+        sampled = play_all([t for t in tasks for _ in range(samples)], cfg.rollout.temperature, EVAL_SEED + 1)
+        for i, row in enumerate(rows):
+            row["sampled_success"] = statistics.fmean(float(e.success) for e in sampled[i * samples:(i + 1) * samples])
+    if tool_name:
+        with_oracle = [(i, t) for i, t in enumerate(tasks) if t.oracle]
+        oracle = [oracle_episode(policies.tokenizer, suite, t) for _, t in with_oracle]
+        scores = first_call_probabilities(policies.tokenizer, oracle,
+                                          action_logprobs(policies, oracle, teacher=None, student=True))
+        for (i, _), score in zip(with_oracle, scores, strict=True):
+            rows[i]["tool_name_logprob"] = score.get("tool_name_logprob")
+    return rows
+
+
+def summarize_rows(rows: list[dict[str, Any]], prefix: str = "eval") -> dict[str, float]:
+    """The means of the task rows' metrics, named ``<prefix>/<metric>``."""
+    out = {}
+    for metric, name in (("success", "success_rate"), ("reward", "mean_reward"), ("sampled_success", "sampled_success"),
+                         ("tool_name_logprob", "tool_name_logprob"), ("response_tokens", "mean_response_tokens")):
+        values = [r[metric] for r in rows if r.get(metric) is not None]
+        if values:
+            out[f"{prefix}/{name}"] = statistics.fmean(values)
+    out[f"{prefix}/n"] = float(len(rows))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch
-from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs
+from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, student_logprobs
 from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prompts
 from lopd_core.config import Config
 from lopd_core.envs.base import Suite, Task
@@ -56,15 +56,16 @@ def _per_row(values: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
 
 
 def action_logprobs(policies: PolicySet, episodes: list[Trajectory], *, teacher: PromptBuilder | None,
-                    micro_batch: int = 4) -> list[torch.Tensor]:
-    """Per episode, the log-probs of its action tokens: under the base model (``teacher`` None) or a teacher."""
+                    micro_batch: int = 4, student: bool = False) -> list[torch.Tensor]:
+    """Per episode, the log-probs of its action tokens: under the base model (``teacher`` None), the student
+    (``student``) or a teacher."""
     out = []
     with torch.no_grad():
         for start in range(0, len(episodes), micro_batch):
             rows = episodes[start:start + micro_batch]
             if teacher is None:
                 batch = student_batch(rows, pad_id=policies.tokenizer.pad_token_id, device=policies.device)
-                logprobs = model_logprobs(policies, None, batch)
+                logprobs = student_logprobs(policies, batch) if student else model_logprobs(policies, None, batch)
             else:
                 prompts, score = teacher(rows)
                 batch = teacher_batch(rows, prompts, pad_id=policies.tokenizer.pad_token_id, device=policies.device)
@@ -91,8 +92,9 @@ def first_call_probabilities(tokenizer, oracle_rows: list[Trajectory], logprobs:
         opener_tokens = len(encode(tokenizer, opener))
         prefix_tokens = len(encode(tokenizer, first[: name_start + len('"name": "')]))
         name_tokens = max(len(encode(tokenizer, first[:name_end])) - prefix_tokens, 0)
-        out.append({"p_tool_call": math.exp(float(lp[:opener_tokens].sum())),
-                    "p_tool_name": math.exp(float(lp[prefix_tokens: prefix_tokens + name_tokens].sum()))})
+        name_logprob = float(lp[prefix_tokens: prefix_tokens + name_tokens].sum())
+        out.append({"p_tool_call": math.exp(float(lp[:opener_tokens].sum())), "p_tool_name": math.exp(name_logprob),
+                    "tool_name_logprob": name_logprob})
     return out
 
 

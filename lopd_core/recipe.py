@@ -135,32 +135,41 @@ def curve_point(metrics: dict[str, float]) -> dict[str, float]:
 
 
 class HeldOutCurve:
-    """A training ``on_step`` hook: held-out evaluation every ``every`` steps and at the last step.
+    """A training ``on_step`` hook: held-out evaluation every ``every`` steps, at ``extra_steps`` and at the end.
 
     The evaluation runs inside :func:`~lopd_core.checkpoint.preserved_rng`, so a run with a curve samples
     exactly what the same run without one samples (and a resumed run what an uninterrupted one does).
     ``done_steps`` are skipped (points a resumed run already measured); ``on_point(point, metrics)``
-    receives each new point.
+    receives each new point. ``score(step)`` replaces the default evaluation (``evaluate_policy`` on
+    ``evaluate.n_tasks`` held-out tasks) and returns the point's extra fields and its ``eval/*`` metrics.
     """
 
     def __init__(self, cfg: Config, policies: PolicySet, suite_name: str, *, every: int, label: str,
-                 done_steps: set[int] | None = None,
-                 on_point: Callable[[dict[str, Any], dict[str, float]], None] | None = None):
+                 done_steps: set[int] | None = None, extra_steps: set[int] | None = None,
+                 on_point: Callable[[dict[str, Any], dict[str, float]], None] | None = None,
+                 score: Callable[[int], tuple[dict[str, Any], dict[str, float]]] | None = None):
         self.cfg, self.policies, self.suite_name = cfg, policies, suite_name
         self.every, self.label, self.done_steps = max(every, 1), label, set(done_steps or ())
-        self.on_point = on_point
+        self.extra_steps = set(extra_steps or ())
+        self.on_point, self.score = on_point, score
         self.points: list[dict[str, Any]] = []
 
     def __call__(self, step: int, metrics: dict[str, float], trajectories: list[Trajectory]) -> None:
         n = step + 1
-        if (n % self.every and n != self.cfg.distill.steps) or n in self.done_steps:
+        due = n % self.every == 0 or n == self.cfg.distill.steps or n in self.extra_steps
+        if not due or n in self.done_steps:
             return
         with preserved_rng():
-            evaluation = evaluate_policy(self.cfg, self.policies, self.suite_name, label=f"{self.label}/step{step}")
-        point = {"step": n, "episodes": int(metrics["budget/episodes"]), **curve_point(evaluation.metrics),
+            if self.score is not None:
+                fields, evaluated = self.score(n)
+            else:
+                evaluated = evaluate_policy(self.cfg, self.policies, self.suite_name,
+                                            label=f"{self.label}/step{step}").metrics
+                fields = curve_point(evaluated)
+        point = {"step": n, "episodes": int(metrics["budget/episodes"]), **fields,
                  "kl_topk": metrics.get("distill/kl_topk"), "privilege_delta": metrics.get("distill/privilege_delta"),
                  "beta": metrics.get("distill/beta"), "train_success": metrics.get("rollout/success_rate")}
         self.points.append(point)
         self.done_steps.add(n)
         if self.on_point is not None:
-            self.on_point(point, evaluation.metrics)
+            self.on_point(point, evaluated)

@@ -60,6 +60,7 @@ from lopd_core.algorithms.cold_start import (
 from lopd_core.checkpoint import latest_checkpoint, read_checkpoint, restore_trainer_state, save_checkpoint
 from lopd_core.config import Config
 from lopd_core.envs import Suite, Task
+from lopd_core.evaluation import VALIDATION_SEED
 from lopd_core.metrics import InMemoryLogger, MetricLogger, MultiLogger, numeric
 from lopd_core.models.composer import (
     ComposerState,
@@ -181,6 +182,9 @@ def task_order(suite: Suite, cfg: Config, *, n_tasks: int, tasks: list | None = 
     With ``distill.family_weights`` the tasks are a weighted draw without replacement from a 4× larger set of
     the suite's training tasks (weight 0 leaves a family out; unnamed families weigh 1), deterministic in
     ``distill.seed``: the same order for every method of a comparison."""
+    if cfg.distill.seed == VALIDATION_SEED:
+        raise ValueError(f"distill.seed {VALIDATION_SEED} is the validation split's task seed; training on it would "
+                         "score the model on tasks it trained on. Use another seed")
     if tasks is not None:
         pool = list(tasks)
     elif not cfg.distill.family_weights:

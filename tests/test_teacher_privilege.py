@@ -1,102 +1,146 @@
-"""The teacher-privilege probe (benchmarks/teacher_privilege.py): its δ figures are what they say they are.
+"""The teacher-privilege probe (lopd_core.privilege, `lopd probe-teacher`): its δ figures are what they say.
 
-The end-to-end run of the script on a finished comparison is in tests/test_compare.py; here the pieces its
-numbers rest on are checked against values computed another way: the base model's token log-probs and the
-text-context teacher's (against plain forward passes of the model on the sequences they should score) and
-the summary of δ = log p_teacher − log p_base (against hand-made log-probs whose summary is known).
+The pieces the probe's numbers rest on are checked against values computed another way: the base model's
+and the text teacher's action log-probs against plain forward passes of the model on the sequences they
+should score, the summary of δ = log p_teacher − log p_base against hand-made values, and the probabilities
+of the oracle's first call against the tokens they multiply. The CLI runs once on the tiny model.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from types import SimpleNamespace
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from benchmarks.teacher_privilege import base_logprobs, summarize
-from lopd_core.algorithms.synthetic import make_trajectory
+from lopd_core.algorithms.synthetic import experience_of, make_trajectory
 from lopd_core.config import load_config
+from lopd_core.models.composer import experience_turns
+from lopd_core.models.latent import experiences_prompt
 from lopd_core.models.policy import build_policy_set
+from lopd_core.privilege import (
+    action_logprobs,
+    bootstrap_mean_ci,
+    first_call_probabilities,
+    summarize_privilege,
+)
+from lopd_core.records.chat import encode
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
 
 
-def scored(logprobs: list[float], top1: list[int]) -> torch.Tensor:
-    """One episode as the probe carries it: row 0 the token log-probs, row 1 the top-1 token ids."""
-    return torch.tensor([logprobs, [float(t) for t in top1]])
+def rows_of(tok, n: int):
+    return [make_trajectory(tok, task_id=f"t{i}", instruction=f"What is {i}+3?" + " Be brief." * i,
+                            replies=[CALL, f"It is {i + 3}." + " Done." * i],
+                            observations=[f"<tool_response>{i + 3}</tool_response>"], reward=float(i % 2))
+            for i in range(n)]
 
 
-def assert_forward_scores(policies, ids: list[int], positions: list[int], scores: torch.Tensor) -> None:
-    """``scores`` (the probe's rows: token log-probs, top-1 ids) are the base model's own, from one plain
-    forward pass over ``ids``, at the action tokens ``positions``."""
+def forward_logprobs(policies, ids: list[int], positions: list[int]) -> torch.Tensor:
     with torch.no_grad():
         logits = policies.base(input_ids=torch.tensor([ids])).logits[0].float()
     expected = torch.log_softmax(logits[[p - 1 for p in positions]], -1)
-    want = expected[torch.arange(len(positions)), [ids[p] for p in positions]]
-    assert scores.shape == (2, len(positions))
-    torch.testing.assert_close(scores[0], want, atol=1e-4, rtol=1e-4)
-    assert scores[1].tolist() == expected.argmax(-1).float().tolist()  # the model's top-1 at each action
+    return expected[torch.arange(len(positions)), [ids[p] for p in positions]]
+
+
+@pytest.fixture(scope="module")
+def policies(models_dir):
+    cfg = load_config("smoke")
+    torch.manual_seed(0)
+    return build_policy_set(cfg.model, cfg.distill.lopd, models_dir, device="cpu")
 
 
 def test_summary_of_deltas_matches_hand_computed_values():
-    rows = [SimpleNamespace(success=True, reward=1.0), SimpleNamespace(success=False, reward=0.25)]
-    base = [scored([-1.0, -2.0, -3.0], [5, 6, 7]), scored([-1.0, -1.0], [8, 9])]
-    teacher = [scored([-0.5, -2.5, -2.0], [5, 1, 1]), scored([-3.0, -1.5], [4, 9])]
-    # δ: success episode [+0.5, −0.5, +1.0], failed episode [−2.0, −0.5]
-    got = summarize(teacher, base, rows)
-    assert got["delta_success_tokens"] == pytest.approx(1.0 / 3)
-    assert got["delta_failure_tokens"] == pytest.approx(-1.25)
-    # A = 2r − 1: +1 for the success, −0.5 for the failure; token-weighted over the 5 tokens
-    assert got["outcome_signed_delta"] == pytest.approx((1.0 * 1.0 + -0.5 * -2.5) / 5)
-    assert got["delta_first_token"] == pytest.approx((0.5 - 2.0) / 2)
-    assert got["delta_first_token_successes"] == pytest.approx(0.5)
-    assert got["first_token_top1_agreement"] == pytest.approx(0.5)  # 5 == 5, 4 != 8
-    # no failed episodes: the failure figure is undefined, not zero
-    assert math.isnan(summarize(teacher[:1], base[:1], rows[:1])["delta_failure_tokens"])
+    rows = [make_trajectory_stub(1.0), make_trajectory_stub(0.25), make_trajectory_stub(0.6)]
+    base = [torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-1.0, -1.0]), torch.tensor([-1.0])]
+    teacher = [torch.tensor([-0.5, -2.5, -2.0]), torch.tensor([-3.0, -1.5]), torch.tensor([0.0])]
+    # δ: success [+0.5, −0.5, +1.0], failure [−2.0, −0.5], partial credit [+1.0] (counted as neither)
+    got = summarize_privilege(teacher, base, rows)
+    assert (got["successes"], got["failures"]) == (1, 1)
+    assert got["privilege_success"] == pytest.approx(1.0 / 3) and got["privilege_failure"] == pytest.approx(-1.25)
+    assert got["balanced_delta"] == pytest.approx(1.0 / 3 + 1.25)
+    assert got["privilege_first_token"] == pytest.approx(0.5) == got["first_token_ci95_low"]  # one success
+    assert math.isnan(summarize_privilege(teacher[:1], base[:1], rows[:1])["privilege_failure"])  # undefined, not 0
+    mean, lo, hi = bootstrap_mean_ci([0.0, 1.0] * 20)
+    assert mean == 0.5 and lo < 0.5 < hi and hi - lo < 0.5
 
 
-def test_base_logprobs_are_the_models_own_next_token_logprobs(models_dir):
-    cfg = load_config("smoke")
-    torch.manual_seed(0)
-    policies = build_policy_set(cfg.model, cfg.distill.lopd, models_dir, device="cpu")
+def make_trajectory_stub(reward: float):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(reward=reward)
+
+
+def test_base_and_text_teacher_logprobs_are_the_models_own(policies):
     tok = policies.tokenizer
-    rows = [make_trajectory(tok, task_id=f"t{i}", instruction=f"What is {i}+3?",
-                            replies=['<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', f"It is {i + 3}."],
-                            observations=[f"<tool_response>{i + 3}</tool_response>"], reward=float(i % 2))
-            for i in range(5)]  # 5 rows: two batches of the probe (it scores four at a time)
-    got = base_logprobs(policies, rows)
+    rows = rows_of(tok, 5)  # five rows: two micro-batches of the probe (four at a time), of different lengths
+    base = action_logprobs(policies, rows, teacher=None)
+    for row, got in zip(rows, base, strict=True):
+        positions = [i for i, m in enumerate(row.assistant_mask) if m]
+        torch.testing.assert_close(got, forward_logprobs(policies, row.token_ids, positions), atol=1e-4, rtol=1e-4)
 
-    assert len(got) == len(rows)
-    for row, scores in zip(rows, got, strict=True):
-        assert_forward_scores(policies, row.token_ids, [i for i, m in enumerate(row.assistant_mask) if m], scores)
+    cfg = load_config("smoke").with_overrides({"distill.lopd.context_placement": "chat_turn"})
+    contexts = {r.episode_id: [experience_of(rows[(i + 1) % 5])] for i, r in enumerate(rows)}
 
+    def builder(batch_rows):
+        turns = [[experience_turns(tok, e, max_tokens=64) for e in contexts[r.episode_id]] for r in batch_rows]
+        prompts = [experiences_prompt(tok, r.messages[: r.initial_messages], r.tools, t, placement="chat_turn")
+                   for r, t in zip(batch_rows, turns, strict=True)]
+        from lopd_core.algorithms.logprobs import model_logprobs
 
-def test_text_teacher_logprobs_are_the_models_logprobs_behind_the_text_context(models_dir):
-    """The text-context teacher's per-episode scores: a plain forward pass of the base model on the task
-    prompt with the experiences as text, followed by the episode's own continuation, read at its actions."""
-    from benchmarks.teacher_privilege import token_logprobs
-    from lopd_core.algorithms.lopd import LOPD
-    from lopd_core.algorithms.synthetic import experience_of
-    from lopd_core.models.composer import experience_turns
-    from lopd_core.models.latent import experiences_prompt
+        return prompts, lambda batch: model_logprobs(policies, None, batch)
 
-    cfg = load_config("smoke").with_overrides({"distill.lopd.context": "text", "distill.micro_batch": 2})
-    torch.manual_seed(0)
-    policies = build_policy_set(cfg.model, cfg.distill.lopd, models_dir, device="cpu")
-    tok = policies.tokenizer
-    rows = [make_trajectory(tok, task_id=f"t{i}", instruction=f"What is {i}+3?" + " Be brief." * i,
-                            replies=['<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
-                                     f"It is {i + 3}." + " Done." * i],
-                            observations=[f"<tool_response>{i + 3}</tool_response>"], reward=float(i % 2))
-            for i in range(3)]  # prompts and replies of different lengths over two micro-batches: padding and row splits
-    experiences = [[experience_of(rows[(i + 1) % 3]), experience_of(rows[(i + 2) % 3])][: i + 1] for i in range(3)]
-    got = token_logprobs(LOPD(cfg.distill, policies, None), rows, experiences)
-
-    assert len(got) == len(rows)
-    max_tokens = cfg.distill.lopd.experience_max_tokens
-    for row, exps, scores in zip(rows, experiences, got, strict=True):
-        turns = [experience_turns(tok, e, max_tokens=max_tokens) for e in exps]
-        prompt = experiences_prompt(tok, row.messages[: row.initial_messages], row.tools, turns,
-                                    placement=cfg.distill.lopd.context_placement).ids
+    teacher = action_logprobs(policies, rows, teacher=builder)
+    for row, got in zip(rows, teacher, strict=True):
+        prompt = builder([row])[0][0].ids
         shift = len(prompt) - row.prompt_len
-        assert_forward_scores(policies, [*prompt, *row.token_ids[row.prompt_len:]],
-                              [i + shift for i, m in enumerate(row.assistant_mask) if m], scores)
+        positions = [i + shift for i, m in enumerate(row.assistant_mask) if m]
+        torch.testing.assert_close(got, forward_logprobs(policies, [*prompt, *row.token_ids[row.prompt_len:]], positions),
+                                   atol=1e-4, rtol=1e-4)
+    assert cfg.distill.lopd.context_placement == "chat_turn"
+
+
+def test_first_call_probabilities_multiply_the_call_opening_and_the_name_tokens(policies):
+    tok = policies.tokenizer
+    row = rows_of(tok, 1)[0]
+    lp = action_logprobs(policies, [row], teacher=None)
+    got = first_call_probabilities(tok, [row], lp)[0]
+    opener = len(encode(tok, "<tool_call>"))
+    prefix = len(encode(tok, CALL[: CALL.index('"add"') + 1]))
+    name = len(encode(tok, CALL[: CALL.index('"add"') + 4])) - prefix
+    assert got["p_tool_call"] == pytest.approx(math.exp(float(lp[0][:opener].sum())))
+    assert got["tool_name_logprob"] == pytest.approx(float(lp[0][prefix:prefix + name].sum()))
+    direct = make_trajectory(tok, task_id="t9", instruction="Hi", replies=["Hello."])
+    assert first_call_probabilities(tok, [direct], action_logprobs(policies, [direct], teacher=None)) == [{}]
+
+
+def test_probe_teacher_cli_scores_every_requested_teacher(tmp_path, models_dir):
+    from lopd_core.envs import get_suite
+    from lopd_core.rollout.oracle import oracle_episode
+
+    tok_cfg = load_config("smoke")
+    suite = get_suite("toolworld")
+    policies = build_policy_set(tok_cfg.model, tok_cfg.distill.lopd, models_dir, device="cpu")
+    tasks = [t for t in suite.tasks("train", 40, level=1, seed=2) if t.family == "weather/condition"][:3]
+    episodes = [oracle_episode(policies.tokenizer, suite, t) for t in tasks]  # successes of one family
+    failed = oracle_episode(policies.tokenizer, suite, tasks[0])
+    failed.reward, failed.success, failed.episode_id = 0.0, False, "failed-0"
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("".join(e.to_json() + "\n" for e in [*episodes, failed]))
+    done = subprocess.run([sys.executable, "-m", "lopd_cli", "probe-teacher", "--profile", "smoke", "--set",
+                           f"workspace.models_dir={models_dir}", "--set", "distill.lopd.retrieval_family=same",
+                           "--episodes", str(path), "--placements", "chat_turn,user_framing", "--cold-start", "--json"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "LOPD_HOME": str(tmp_path / "ws")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(report["teachers"]) == {f"{kind}/{p}" for kind in ("text", "framing_only", "latent")
+                                      for p in ("chat_turn", "user_framing")}
+    for name, row in report["teachers"].items():
+        assert row["successes"] == 3 and row["failures"] == 1, name
+        assert math.isfinite(row["privilege_success"]) and 0 < row["p_tool_call_base"] <= 1
+    # the framing-only control of chat turns is the plain prompt: its δ is exactly zero
+    assert report["teachers"]["framing_only/chat_turn"]["privilege_success"] == pytest.approx(0.0, abs=1e-6)

@@ -2,7 +2,7 @@
 
 What it is (rejection-sampling fine-tuning): each step plays B/G tasks × G samples (every sample counts in
 the budget, like GRPO's); the successes (reward ≥ ``distill.lopd.success_reward``) join a replay buffer of
-all successes so far, and the student takes ``distill.rft.epochs`` steps of next-token NLL on the buffer
+all successes so far (started with the experience bank's, ``distill.rft.seed_from_bank``), and the student takes ``distill.rft.epochs`` steps of next-token NLL on the buffer
 (the newest first, at most ``max_examples_per_step`` per pass). A method known to learn from the agent's own
 successes: if it does not move the score, the setup is wrong before any method is judged.
 
@@ -54,6 +54,7 @@ class RFT:
         self.episodes_per_task = cfg.group_size
         self.optimizer = make_adamw(policies.student_parameters(), lr=cfg.student_lr(), weight_decay=cfg.weight_decay)
         self.buffer: list[Trajectory] = []
+        self.seeded = False
         self.level, self.seed = level, seed
         self.suite: Suite | None = None
 
@@ -75,6 +76,9 @@ class RFT:
             fresh_rows = [plain_prompt_twin(self.policies.tokenizer, self.suite, task, t) for t, task in fresh]
         else:
             fresh_rows = [t for t, _ in fresh]
+        if self.rft.seed_from_bank and not self.seeded:
+            self.buffer = [t for t in inputs.bank_successes if t.reward >= threshold] + self.buffer
+            self.seeded = True
         self.buffer = (self.buffer + fresh_rows)[-self.rft.max_buffer:]
         out = {**metrics, "rft/new_successes": float(len(fresh_rows)), "rft/buffer": float(len(self.buffer))}
         if not self.buffer:
@@ -88,11 +92,13 @@ class RFT:
                 "distill/supervised_tokens": last["tokens"], "distill/micro_batches": last["micro_batches"]}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"student_optimizer": self.optimizer.state_dict(), "buffer": [t.to_dict() for t in self.buffer]}
+        return {"student_optimizer": self.optimizer.state_dict(), "buffer": [t.to_dict() for t in self.buffer],
+                "seeded": self.seeded}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["student_optimizer"])
         self.buffer = [Trajectory(**row) for row in state.get("buffer", [])]
+        self.seeded = bool(state.get("seeded", False))
 
 
 class OracleSFT:

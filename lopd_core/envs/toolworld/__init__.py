@@ -75,8 +75,9 @@ class ToolWorldSuite:
         }
         return Task(
             task_id=task_id, suite=self.name, family=f"{domain.name}/{kind.__name__}", split=split, level=level,
-            instruction=bp.instruction, tools=domain.schemas,
-            payload={"domain": domain.name, "kind": kind.__name__, "initial_state": bp.state, "checklist": checklist,
+            instruction=str(bp.instruction), tools=domain.schemas,
+            payload={"domain": domain.name, "kind": kind.__name__, "phrasing": getattr(bp.instruction, "template", ""),
+                     "initial_state": bp.state, "checklist": checklist,
                      "oracle_turns": [format_tool_call(c.name, c.arguments) for c in calls] + [bp.final_answer]},
             oracle=oracle,
         )

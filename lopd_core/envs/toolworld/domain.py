@@ -85,8 +85,17 @@ def pick(rng: random.Random, pools: dict[str, list[Any]], split: Split, k: int =
     return rng.sample(pools[split], k)
 
 
-def phrase(rng: random.Random, phrasings: dict[str, list[str]], split: Split, **values: Any) -> str:
-    return rng.choice(phrasings[split]).format(**values)
+class Phrasing(str):
+    """A task's request, remembering the template it was phrased from (the evaluation clusters by it)."""
+
+    template: str = ""
+
+
+def phrase(rng: random.Random, phrasings: dict[str, list[str]], split: Split, **values: Any) -> Phrasing:
+    template = rng.choice(phrasings[split])
+    text = Phrasing(template.format(**values))
+    text.template = template
+    return text
 
 
 def ident(rng: random.Random, split: Split, width: int = 3) -> str:
