@@ -259,17 +259,16 @@ class Comparison:
     def score(self, policies, *, label: str, full: bool, weights: str = "student") -> dict[str, list[dict[str, Any]]]:
         """Task rows of one evaluation point: the curve's held-out tasks, or (``full``) both splits in full."""
         cfg, suite, tasks = self.cfg, _suite(self.suite_name), self.eval_tasks()
-        scope = policies.teacher if weights == "base" else policies.student
         if not full:
-            return {"test": score_tasks(scope, policies, tasks["test"][: cfg.evaluate.n_tasks], suite, cfg=cfg,
-                                        label=label)}
+            return {"test": score_tasks(policies, tasks["test"][: cfg.evaluate.n_tasks], suite, cfg=cfg, label=label,
+                                        weights=weights)}
         out = {}
         for split in ("test", "validation"):
             chosen = tasks[split][: max(cfg.evaluate.full_tasks, cfg.evaluate.n_tasks if split == "test" else 0)]
-            rows = score_tasks(scope, policies, chosen, suite, cfg=cfg, label=label, tool_name=True)
+            rows = score_tasks(policies, chosen, suite, cfg=cfg, label=label, weights=weights, tool_name=True)
             sampled = chosen[: cfg.evaluate.sampled_tasks]
             if sampled:
-                extra = score_tasks(scope, policies, sampled, suite, cfg=cfg, label=label,
+                extra = score_tasks(policies, sampled, suite, cfg=cfg, label=label, weights=weights,
                                     samples=cfg.evaluate.samples_per_task)
                 by_task = {r["task_id"]: r.get("sampled_success") for r in extra}
                 for row in rows:

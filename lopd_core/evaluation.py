@@ -31,7 +31,7 @@ from lopd_core.privilege import action_logprobs, first_call_probabilities
 from lopd_core.records.chat import render_prompt_ids
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.rollout.agent import play
-from lopd_core.rollout.engines import make_engine
+from lopd_core.rollout.engines import make_engine, policy_engine
 from lopd_core.rollout.oracle import oracle_episode
 
 EVAL_SEED = 10_007
@@ -113,15 +113,14 @@ def task_cluster(task) -> str:
     return f"{task.family}|{task.payload.get('phrasing', '')}"
 
 
-def score_tasks(student: Scope, policies, tasks: list, suite, *, cfg: Config, label: str, samples: int = 0,
+def score_tasks(policies, tasks: list, suite, *, cfg: Config, label: str, weights: str = "student", samples: int = 0,
                 tool_name: bool = False) -> list[dict[str, Any]]:
     """One row per task: the greedy episode's reward and success, the mean success of ``samples`` sampled
     episodes (rollout temperature), and the log-probability of the correct tool name on the task's oracle
-    first action (``tool_name``: a continuous signal that moves before success does)."""
+    first action (``tool_name``: a continuous signal that moves before success does). ``weights``: the
+    student's or the base's; episodes are played on ``rollout.engine``."""
     def play_all(rows: list, temperature: float, seed: int) -> list[Trajectory]:
-        with student() as model:
-            model.eval()
-            engine = make_engine("hf", model, policies.tokenizer, batch_size=cfg.rollout.batch_size)
+        with policy_engine(cfg, policies, weights=weights, version=label) as engine:
             return play(cfg.rollout, engine, policies.tokenizer, suite, rows, seed=seed, temperature=temperature,
                         policy_version=label)
 
@@ -136,9 +135,8 @@ def score_tasks(student: Scope, policies, tasks: list, suite, *, cfg: Config, la
     if tool_name:
         with_oracle = [(i, t) for i, t in enumerate(tasks) if t.oracle]
         oracle = [oracle_episode(policies.tokenizer, suite, t) for _, t in with_oracle]
-        scores = first_call_probabilities(policies.tokenizer, oracle,
-                                          action_logprobs(policies, oracle, teacher=None, student=True))
-        for (i, _), score in zip(with_oracle, scores, strict=True):
+        logprobs = action_logprobs(policies, oracle, teacher=None, student=weights == "student")
+        for (i, _), score in zip(with_oracle, first_call_probabilities(policies.tokenizer, oracle, logprobs), strict=True):
             rows[i]["tool_name_logprob"] = score.get("tool_name_logprob")
     return rows
 

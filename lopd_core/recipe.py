@@ -39,7 +39,7 @@ from lopd_core.models.policy import PolicySet
 from lopd_core.records.experience import Bank
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.rollout.agent import play
-from lopd_core.rollout.engines import make_engine
+from lopd_core.rollout.engines import policy_engine
 from lopd_core.training import ColdStartResult, cold_start, experiences_from_trajectories
 
 Weights = Literal["student", "base"]
@@ -52,11 +52,8 @@ BANK_SEED_OFFSET = 7919
 def play_tasks(cfg: Config, policies: PolicySet, suite: Suite, tasks: list, *, weights: Weights, seed: int | None,
                temperature: float | None = None, label: str = "base", cycle_id: str = "", step: int = -1,
                progress: bool = False) -> list[Trajectory]:
-    """Episodes of ``tasks`` with the student's weights or the base weights live, on ``rollout.engine``."""
-    scope = policies.student if weights == "student" else policies.teacher
-    with scope() as model:
-        engine = make_engine(cfg.rollout.engine, model, policies.tokenizer, batch_size=cfg.rollout.batch_size,
-                             model_path=policies.base_path, dtype=cfg.model.dtype, device=cfg.model.device)
+    """Episodes of ``tasks`` with the student's weights or the base weights, on ``rollout.engine``."""
+    with policy_engine(cfg, policies, weights=weights, version=label) as engine:
         return play(cfg.rollout, engine, policies.tokenizer, suite, tasks, seed=seed, temperature=temperature,
                     policy_version=label, cycle_id=cycle_id, step=step, progress=progress)
 

@@ -75,7 +75,7 @@ from lopd_core.records.experience import Bank, Experience, RetrievalQuery, Retri
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.registry import is_base_marker
 from lopd_core.rollout.agent import play, summarize_trajectories
-from lopd_core.rollout.engines import make_engine
+from lopd_core.rollout.engines import engine_dtype, make_engine, shared_vllm_engine
 from lopd_core.rollout.oracle import oracle_experience
 from lopd_core.workspace import Workspace
 
@@ -164,8 +164,12 @@ def needs_composer(cfg: Config) -> bool:
 
 
 def _make_engine(cfg: Config, policies: PolicySet):
-    return make_engine(cfg.rollout.engine, policies.student_module(), policies.tokenizer,
-                       batch_size=cfg.rollout.batch_size)
+    """The training loop's engine: hf on the live student, or the process's shared vLLM engine (the loop
+    syncs it to the student before the first step and after every step)."""
+    if cfg.rollout.engine == "vllm":
+        return shared_vllm_engine(policies.base_path, dtype=engine_dtype(cfg), device=cfg.model.device,
+                                  max_model_len=cfg.rollout.max_trajectory_tokens + 16, batch_size=cfg.rollout.batch_size)
+    return make_engine("hf", policies.student_module(), policies.tokenizer, batch_size=cfg.rollout.batch_size)
 
 
 def _seed_everything(seed: int) -> None:

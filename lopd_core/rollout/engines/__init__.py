@@ -2,10 +2,16 @@
 
 ``make_engine`` builds one by name: ``hf`` (transformers generate on the in-memory model; the CPU default)
 or ``vllm`` (vLLM's offline engine loading ``model_path``; imported only when asked for).
+
+:func:`policy_engine` is what the pipeline uses: an engine that samples from the student's or the base
+weights of a :class:`~lopd_core.models.policy.PolicySet`. One vLLM engine per process serves every stage
+(vLLM does not free an ``LLM`` on delete, and building one takes a minute): it is created once per
+(model, dtype, context length) and re-synced to the weights each use asks for.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +22,7 @@ from lopd_core.rollout.engines.vllm import VLLMEngine, _is_peft
 
 ENGINES = ("hf", "vllm")
 
-__all__ = ["ENGINES", "Engine", "Generation", "SamplingParams", "make_engine"]
+__all__ = ["ENGINES", "Engine", "Generation", "SamplingParams", "make_engine", "policy_engine"]
 
 
 def make_engine(name: str, model: Any = None, tokenizer: Any = None, *, batch_size: int = 8, dtype: str = "float32",
@@ -54,3 +60,42 @@ def make_engine(name: str, model: Any = None, tokenizer: Any = None, *, batch_si
             engine.update_policy(model, policy_version)
         return engine
     raise ValueError(f"unknown engine '{name}': choose one of {', '.join(ENGINES)} (rollout.engine)")
+
+
+_SHARED: dict[tuple, Engine] = {}
+
+
+def shared_vllm_engine(model_path: str | Path, *, dtype: str, device: str, max_model_len: int,
+                       batch_size: int) -> Engine:
+    """The process's vLLM engine for this model, dtype and context length (created on first use)."""
+    key = (str(model_path), dtype, device, max_model_len)
+    if key not in _SHARED:
+        vllm_dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(dtype, "auto")
+        _SHARED[key] = VLLMEngine(model_path, batch_size=batch_size, dtype=vllm_dtype, device=device,
+                                  max_model_len=max_model_len)
+    engine = _SHARED[key]
+    engine.batch_size = batch_size
+    return engine
+
+
+def engine_dtype(cfg) -> str:
+    """The engine's weights dtype: ``rollout.engine_dtype``, or the model's (``model.dtype``)."""
+    return cfg.model.dtype if cfg.rollout.engine_dtype == "model" else cfg.rollout.engine_dtype
+
+
+@contextlib.contextmanager
+def policy_engine(cfg, policies, *, weights: str = "student", version: str = ""):
+    """An engine sampling from the student's (``weights="student"``) or the base weights, for one use.
+
+    ``hf`` generates with the shared model inside the matching scope; ``vllm`` is the process's shared
+    engine, synced to those weights (merged LoRA deltas, or the base as it is) before it is handed out."""
+    scope = policies.teacher if weights == "base" else policies.student
+    with scope() as model:
+        if cfg.rollout.engine == "hf":
+            yield HFEngine(model, policies.tokenizer, batch_size=cfg.rollout.batch_size, policy_version=version or weights)
+            return
+        engine = shared_vllm_engine(policies.base_path, dtype=engine_dtype(cfg), device=cfg.model.device,
+                                    max_model_len=cfg.rollout.max_trajectory_tokens + 16,
+                                    batch_size=cfg.rollout.batch_size)
+        engine.update_policy(model, version or weights)
+        yield engine

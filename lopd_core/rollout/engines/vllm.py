@@ -55,8 +55,8 @@ def _is_peft(model) -> bool:
 def merged_policy_weights(model) -> list[tuple[str, Any]]:
     """(HF checkpoint name, tensor) pairs of the student's current weights, the whole model, for a reload.
 
-    For a peft LoRA student the LoRA deltas are merged (W + s·B·A) into copies; the live model is not
-    touched. vLLM's in-place reload processes a layer once all its weights have arrived, so partial
+    For a peft LoRA student the live adapter's deltas are merged (W + s·B·A) into copies; the live model is
+    not touched. With every adapter off (the teacher scope) these are the base weights. vLLM's in-place reload processes a layer once all its weights have arrived, so partial
     updates are not an option: every weight is sent.
     """
     import torch
@@ -68,11 +68,11 @@ def merged_policy_weights(model) -> list[tuple[str, Any]]:
     with torch.no_grad():
         for name, module in base.named_modules():
             if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer") and hasattr(module, "lora_A"):
+                if getattr(module, "disable_adapters", False):
+                    continue  # adapters off (the teacher scope): the base weight as it is
                 active = [a for a in module.active_adapters if a in module.lora_A]
                 if active:
                     deltas[f"{name}.weight"] = sum(module.get_delta_weight(a) for a in active)
-    if not deltas:
-        raise ValueError("the peft model has no active LoRA layers to merge; pass the full model instead")
     out = []
     for key, tensor in base.state_dict().items():
         if any(part.startswith("lora_") for part in key.split(".")):
