@@ -80,7 +80,8 @@ def logprobs_at(model: nn.Module, hidden: Tensor, predict_index: Tensor, mask: T
     _, head = causal_lm_parts(model)
     rows = torch.arange(hidden.shape[0], device=hidden.device)[:, None].expand_as(predict_index)
     picked = hidden[rows[mask.bool()], predict_index[mask.bool()]]
-    return torch.log_softmax(head(picked).float(), dim=-1)
+    with torch.autocast(device_type=picked.device.type, enabled=False):  # the LM head and log-softmax in fp32
+        return torch.log_softmax(head(picked.float()).float(), dim=-1)
 
 
 def embedding_rms(model: nn.Module) -> float:
@@ -103,6 +104,8 @@ class PolicySet:
     base_path: Path
     full_student: nn.Module | None = None
     gradient_checkpointing: bool = False
+    autocast: bool = False
+    """bf16 autocast in every scope (model.autocast): matmuls in bf16, weights and log-softmax in fp32."""
     _active: str | None = field(default=None, repr=False)
 
     # --- adapters ---------------------------------------------------------------------------------
@@ -129,9 +132,16 @@ class PolicySet:
         previous = self._active
         self._set_active(name)
         try:
-            yield self.base
+            with self._precision():
+                yield self.base
         finally:
             self._set_active(previous)
+
+    def _precision(self):
+        """bf16 autocast when ``model.autocast`` asks for it, else nothing."""
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
     @contextlib.contextmanager
     def composer_backward(self, latents: Tensor):
@@ -184,7 +194,8 @@ class PolicySet:
     def student(self):
         """The student model with its weights live (LoRA: the ``student`` adapter on the shared base)."""
         if self.student_kind == "full":
-            yield self.full_student
+            with self._precision():
+                yield self.full_student
         else:
             with self.adapter(STUDENT) as model:
                 yield model
@@ -310,7 +321,8 @@ def build_policy_set(model_cfg: ModelConfig, lopd_cfg: LOPDConfig, models_dir: P
                                                    targets=model_cfg.lora_targets), adapter_name=ENCODER)
     policies = PolicySet(base=peft_model, tokenizer=tokenizer, student_kind=model_cfg.student, base_model=model_cfg.base,
                          base_path=path, full_student=full_student,
-                         gradient_checkpointing=model_cfg.gradient_checkpointing)
+                         gradient_checkpointing=model_cfg.gradient_checkpointing,
+                         autocast=model_cfg.autocast == "bfloat16")
     for p in policies.adapter_parameters(ENCODER):
         p.requires_grad_(True)
     if model_cfg.student == "lora":
