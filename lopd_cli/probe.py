@@ -116,14 +116,16 @@ def probe_teacher(
     report = {"suite": suite_name, "episodes": len(rows), "bank_successes": len(bank.successes),
               "bank_families": sorted({t.family for t in bank.successes}), "teachers": {}}
     started = time.perf_counter()
+    base_cache: dict = {}  # the base model's log-probs, shared by every teacher
     for placement in wanted:
         pcfg = cfg.with_overrides({"distill.lopd.context_placement": placement})
         err.print(f"text teacher, {placement}…", highlight=False)
         report["teachers"][f"text/{placement}"] = probe(pcfg, policies, suite_obj, rows, bank, composer=None,
-                                                        max_successes=max_successes, max_failures=max_failures)
+                                                        max_successes=max_successes, max_failures=max_failures,
+                                                        base_cache=base_cache)
         report["teachers"][f"framing_only/{placement}"] = probe(pcfg, policies, suite_obj, rows, bank, composer=None,
                                                                 max_successes=max_successes, max_failures=max_failures,
-                                                                framing_only=True)
+                                                                framing_only=True, base_cache=base_cache)
         if agent_tasks:
             tasks = tasks_per_family(suite_obj, split="train", level=cfg.rollout.level,
                                      per_family=max(agent_tasks // 11, 1), seed=4242)[:agent_tasks]
@@ -141,7 +143,8 @@ def probe_teacher(
                 fail(f"{composer_dir} is not a trained composer")
             err.print(f"latent teacher, {placement}…", highlight=False)
             report["teachers"][f"latent/{placement}"] = probe(pcfg, policies, suite_obj, rows, bank, composer=state,
-                                                              max_successes=max_successes, max_failures=max_failures)
+                                                              max_successes=max_successes, max_failures=max_failures,
+                                                              base_cache=base_cache)
     report["seconds"] = round(time.perf_counter() - started, 1)
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)

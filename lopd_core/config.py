@@ -145,6 +145,8 @@ class ColdStartConfig(_Section):
     """Validation NLL every this many steps."""
     patience: int = Field(3, ge=0)
     """Stop after this many validations without a better NLL (0 = never stop early); the best composer is kept."""
+    max_validation_examples: int = Field(16, ge=1)
+    """At most this many held-out y* are scored at each validation (the first ones of the held-out tasks)."""
     batch_size: int = Field(8, ge=1)
     """Trajectories per cold-start step."""
     lr: float = Field(1e-5, gt=0.0)

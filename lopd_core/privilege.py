@@ -160,11 +160,13 @@ def _task_of(row: Trajectory) -> Task:
 
 def probe_teacher(cfg: Config, policies: PolicySet, suite: Suite, episodes: list[Trajectory], bank: Bank, *,
                   composer: ComposerState | None, max_successes: int = 64, max_failures: int = 64,
-                  framing_only: bool = False, seed: int = 0) -> dict[str, Any]:
+                  framing_only: bool = False, seed: int = 0,
+                  base_cache: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """δ of one teacher on the base model's own successes and failures (see the module docstring).
 
     ``composer`` None probes the text-context teacher (``distill.lopd.context_placement`` decides where the
-    experiences go); ``framing_only`` the framing without any experience (the control)."""
+    experiences go); ``framing_only`` the framing without any experience (the control). ``base_cache`` keeps
+    the base model's log-probs by episode (and oracle episode) id across the teachers of one probe."""
     lopd = cfg.distill.lopd
     rng = random.Random(seed)
     successes = [e for e in episodes if e.reward >= lopd.success_reward and e.status == "ok" and e.n_generated]
@@ -175,13 +177,21 @@ def probe_teacher(cfg: Config, policies: PolicySet, suite: Suite, episodes: list
     rows = [r for r, _ in with_context]
     contexts = {r.episode_id: f for r, f in with_context}
     builder = teacher_builder(cfg, policies, contexts, composer=composer, framing_only=framing_only)
+    cache = base_cache if base_cache is not None else {}
+
+    def base_logprobs(rows: list[Trajectory], prefix: str) -> list[torch.Tensor]:
+        missing = [r for r in rows if prefix + r.episode_id not in cache]
+        for row, lp in zip(missing, action_logprobs(policies, missing, teacher=None), strict=True):
+            cache[prefix + row.episode_id] = lp
+        return [cache[prefix + r.episode_id] for r in rows]
+
     teacher_lp = action_logprobs(policies, rows, teacher=builder)
-    base_lp = action_logprobs(policies, rows, teacher=None)
+    base_lp = base_logprobs(rows, "")
     tasks = {r.task_id: t for r in rows for t in [task_by_id(suite, r.task_id)] if t is not None}
     with_oracle = [r for r in rows if r.task_id in tasks]
     oracle = oracle_rows(policies.tokenizer, suite, tasks, with_oracle)
     teacher_oracle = first_call_probabilities(policies.tokenizer, oracle, action_logprobs(policies, oracle, teacher=builder))
-    base_oracle = first_call_probabilities(policies.tokenizer, oracle, action_logprobs(policies, oracle, teacher=None))
+    base_oracle = first_call_probabilities(policies.tokenizer, oracle, base_logprobs(oracle, "oracle/"))
     summary = summarize_privilege(teacher_lp, base_lp, rows, success_reward=lopd.success_reward,
                                   failure_reward=lopd.failure_reward, oracle_teacher=teacher_oracle,
                                   oracle_base=base_oracle)

@@ -473,6 +473,7 @@ def cold_start(cfg: Config, *, retriever: Retriever, out_dir: Path, trajectories
                                             success_threshold=success_threshold,
                                             same_family=lopd.retrieval_family == "same")
     train_examples, val_examples = validation_split(examples, fraction=cold.validation_fraction, seed=cfg.distill.seed)
+    val_examples = val_examples[: cold.max_validation_examples]
     history: list[dict[str, float]] = []
     val = {"first": float("nan"), "best": float("nan"), "plain": float("nan"), "best_step": 0, "stopped": False}
     if cold.steps > 0:

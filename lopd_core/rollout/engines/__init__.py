@@ -97,5 +97,9 @@ def policy_engine(cfg, policies, *, weights: str = "student", version: str = "")
         engine = shared_vllm_engine(policies.base_path, dtype=engine_dtype(cfg), device=cfg.model.device,
                                     max_model_len=cfg.rollout.max_trajectory_tokens + 16,
                                     batch_size=cfg.rollout.batch_size)
-        engine.update_policy(model, version or weights)
+        if weights == "base" and getattr(engine, "holds_base", False):
+            engine.policy_version = version or weights  # loaded from the base folder and never re-synced since
+        else:
+            engine.update_policy(model, version or weights)
+            engine.holds_base = weights == "base"
         yield engine

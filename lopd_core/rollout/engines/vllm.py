@@ -128,6 +128,8 @@ class VLLMEngine:
         self.enable_prompt_embeds = enable_prompt_embeds
         self.policy_version = policy_version
         self.lora_request = None
+        self.holds_base = True
+        """True while the engine serves the weights it loaded from ``model_path`` (no sync since)."""
         self._lora_counter = 0
         self._adapter_dirs: list[str] = []
 
@@ -137,6 +139,7 @@ class VLLMEngine:
         if model is None:
             self.policy_version = version
             return
+        self.holds_base = False
         if self.policy_sync == "lora":
             self._load_adapter(model, version)
         else:

@@ -1,0 +1,113 @@
+"""Does the agent improve from its own experience? The figures of one comparison, its probes and the base.
+
+Assembles ``benchmarks/results/self_improvement.json`` from what the experiments left on disk:
+
+- ``--root``: a comparison (``lopd compare``) work directory: each run's result and its final task rows on
+  the held-out and validation splits; the paired difference of every method to the base model with the
+  cluster-bootstrap interval (:func:`lopd_core.compare_report.paired_intervals`);
+- ``--passk``: the ``lopd probe-passk --out`` summaries (per-family pass@k of the base model);
+- ``--probe``: the ``lopd probe-teacher --out`` result (each teacher's privilege on the base's episodes).
+
+    python -m benchmarks.self_improvement --root $LOPD_HOME/compare/toolworld \\
+        --passk runs/probes/passk/passk-toolworld-T0.7-k16-s0.json --probe runs/probes/teacher.json
+
+Nothing is measured here; it only gathers, so it can be re-run whenever a run finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from lopd_core.compare_report import paired_intervals
+from lopd_core.workspace import lopd_home, portable
+
+RESULTS = Path(__file__).parent / "results" / "self_improvement.json"
+
+
+def load_runs(root: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((root / "runs").glob("*/result.json"))]
+
+
+def updated_fraction(run: dict[str, Any]) -> float | None:
+    signal = run.get("signals", {}).get("distill/updated")
+    return signal["mean"] if signal else None
+
+
+def assemble(root: Path, passk: list[Path], probe: Path | None) -> dict[str, Any]:
+    shared = json.loads((root / "shared.json").read_text())
+    runs = load_runs(root)
+    plan = json.loads((root / "plan.json").read_text()) if (root / "plan.json").exists() else {}
+    result = {"suite": plan.get("suite", ""), "root": str(root), "runs": runs, "budget": plan.get("budget")}
+    paired = paired_intervals(result)
+    base_fields = shared["base_eval"]["fields"]
+    out: dict[str, Any] = {
+        "suite": result["suite"], "budget": result["budget"],
+        "held_out_tasks": paired.get("test", {}).get("tasks"), "validation_tasks": paired.get("validation", {}).get("tasks"),
+        "pass_at_k": {}, "bank": shared.get("bank", {}).get("coverage", {}),
+        "base": {"success": base_fields["test"].get("test/success_rate"),
+                 "mean_reward": base_fields["test"].get("test/mean_reward"),
+                 "validation_reward": base_fields.get("validation", {}).get("validation/mean_reward")},
+        "methods": {}, "teacher": {},
+    }
+    for path in passk:
+        summary = json.loads(path.read_text())
+        out["pass_at_k"][f"T{summary['temperature']}"] = summary["families"]
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_name.setdefault(run["name"], []).append(run)
+    for name, group in by_name.items():
+        test = paired.get("test", {}).get("methods", {}).get(name, {})
+        validation = paired.get("validation", {}).get("methods", {}).get(name, {})
+        finals = [r["curve"][-1] for r in group]
+        fractions = [f for f in (updated_fraction(r) for r in group) if f is not None]
+        out["methods"][name] = {
+            "seeds": len(group),
+            "final_success": test.get("success", {}).get("method_mean"),
+            "final_mean_reward": test.get("reward", {}).get("method_mean"),
+            "validation_reward": validation.get("reward", {}).get("method_mean"),
+            "delta_reward_vs_base": test.get("reward", {}).get("mean_diff"),
+            "ci95_low": test.get("reward", {}).get("ci95_low"), "ci95_high": test.get("reward", {}).get("ci95_high"),
+            "mde": test.get("reward", {}).get("mde"),
+            "validation_delta_reward_vs_base": validation.get("reward", {}).get("mean_diff"),
+            "validation_ci95_low": validation.get("reward", {}).get("ci95_low"),
+            "validation_ci95_high": validation.get("reward", {}).get("ci95_high"),
+            "curve_final_success_16": statistics.fmean(f["success_rate"] for f in finals),
+            "steps_updated_fraction": statistics.fmean(fractions) if fractions else None,
+            "per_family": {"test": paired.get("test", {}).get("per_family_reward", {}).get(name, {}),
+                           "validation": paired.get("validation", {}).get("per_family_reward", {}).get(name, {})},
+        }
+    if probe is not None:
+        teachers = json.loads(probe.read_text())["teachers"]
+        for name, row in teachers.items():
+            out["teacher"][name] = {"privilege_success": row["privilege_success"],
+                                    "privilege_failure": row["privilege_failure"],
+                                    "privilege_first_token": row["privilege_first_token"],
+                                    "ci95_low": row["first_token_ci95_low"], "ci95_high": row["first_token_ci95_high"],
+                                    "successes": row["successes"], "failures": row["failures"]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--passk", type=Path, nargs="*", default=[])
+    parser.add_argument("--probe", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    report = {"benchmark": "self_improvement",
+              "command": portable("python -m benchmarks.self_improvement " + " ".join(argv or []), lopd_home()),
+              **assemble(args.root, args.passk, args.probe)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(portable(json.dumps(report, indent=2, default=str), lopd_home()) + "\n")
+    print(json.dumps({k: report[k] for k in ("suite", "base", "methods")}, indent=2, default=str)[:4000])
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
