@@ -33,7 +33,9 @@ from lopd_core.config import Config
 from lopd_core.cycle import MlflowMetricLogger
 from lopd_core.envs import get_suite, suite_kind
 from lopd_core.evaluation import EVAL_SEED, score_tasks, summarize_rows, validation_tasks
+from lopd_core.inputs import render_model_inputs
 from lopd_core.memory.store import ExperienceStore
+from lopd_core.models.loading import load_tokenizer, resolve_model_path
 from lopd_core.recipe import (
     HeldOutCurve,
     bank_from_store,
@@ -222,6 +224,14 @@ class Comparison:
         """The shared bank, pinned at the version it was built with."""
         info = self.bank_info()
         return bank_from_store(self.store, version=int(info["version"]), episodes=int(info["episodes"]))
+
+    def write_inputs(self) -> Path:
+        """``inputs.md``: what the student, the teachers and the encoder read, for one task of each domain."""
+        path = self.root / "inputs.md"
+        if not path.exists():
+            tokenizer = load_tokenizer(resolve_model_path(self.cfg.model.base, self.ws.models_dir))
+            path.write_text(render_model_inputs(self.cfg, tokenizer, _suite(self.suite_name), self.bank()))
+        return path
 
     def cold_start(self, cfg: Config) -> Path:
         """The cold-started composer for these composer settings, trained once on the bank."""
@@ -494,6 +504,7 @@ def run_comparison(cfg: Config, *, suite: str, methods: list[str], budget: int, 
         log(f"report of {len(results)}/{len(specs)} finished runs")
         return comp.result(results)
     comp.bank_info()
+    comp.write_inputs()
     results = []
     for i, spec in enumerate(specs):
         log(f"=== run {i + 1}/{len(specs)}: {spec.key} ===")

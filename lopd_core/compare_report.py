@@ -140,7 +140,7 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
              f"{bank.get('experiences')} experiences (pre-training budget of lopd and opsd).  ",
              f"Base model held-out success: {base.get('eval/success_rate', float('nan')):.3f} "
              f"(mean reward {base.get('eval/mean_reward', float('nan')):.3f})", "",
-             "![curves](curves.png)", ""]
+             "![curves](curves.png)", "", "What each model reads: [inputs.md](inputs.md).", ""]
     lines += [f"Identical curves (they overlap in the plot): {', '.join(names)}.  " for names in identical_curves(groups)]
     lines += ["", "## Final held-out success", "",
               "Mean reward is the verifier's partial credit (share of tests passed, of checks met), so it moves "
@@ -180,6 +180,9 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
         return portable(text, home) if home is not None else text
 
     (out_dir / "results.json").write_text(scrub(json.dumps(result, indent=2, default=str)))
+    inputs = Path(result["root"]) / "inputs.md" if result.get("root") else None
+    if inputs is not None and inputs.exists():
+        (out_dir / "inputs.md").write_text(scrub(inputs.read_text()))
     path = out_dir / "README.md"
     path.write_text(scrub("\n".join(lines) + "\n"))
     return path

@@ -144,3 +144,45 @@ def test_probe_teacher_cli_scores_every_requested_teacher(tmp_path, models_dir):
         assert math.isfinite(row["privilege_success"]) and 0 < row["p_tool_call_base"] <= 1
     # the framing-only control of chat turns is the plain prompt: its δ is exactly zero
     assert report["teachers"]["framing_only/chat_turn"]["privilege_success"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_stored_toolworld_experience_shows_its_tool_call_to_the_encoder_and_the_text_teacher(tiny_tokenizer):
+    """With the real SmolLM2 tokenizer and the demo's 256-token budget: the experience as the curation stage
+    stores it keeps its own request and tool call, no worked example and no default system prompt, and the
+    call is inside the encoder input and the text teacher's prompt of another task of the same family."""
+    import pandas as pd
+
+    from data_contracts.convert import trajectories_to_frame
+    from lopd_core.envs import get_suite
+    from lopd_core.memory.curation import curate_frame
+    from lopd_core.models.composer import encoder_ids
+    from lopd_core.records.experience import Experience
+    from lopd_core.rollout.oracle import oracle_episode
+
+    cfg = load_config("demo")
+    suite = get_suite("toolworld")
+    for domain in ("bank", "calendar", "shop", "weather"):
+        tasks = [t for t in suite.tasks("train", 40, level=1, seed=1) if t.family.startswith(domain)][:2]
+        episode = oracle_episode(tiny_tokenizer, suite, tasks[0])
+        frame = trajectories_to_frame([episode])
+        kept, _ = curate_frame(frame, success_threshold_tool=0.8, success_threshold_code=1.0, dedupe_threshold=0.97,
+                               per_task_cap=2)
+        row = kept.iloc[0]
+        experience = Experience(experience_id=row["experience_id"], episode_id=row["episode_id"], task_id=row["task_id"],
+                                suite=row["suite"], family=row["family"], instruction=row["instruction"],
+                                text=row["text"], messages=json.loads(row["messages"]))
+        call = next(m["content"] for m in episode.messages[episode.initial_messages:] if m["role"] == "assistant")
+        assert call.startswith("<tool_call>")
+        encoded = tiny_tokenizer.decode(encoder_ids(tiny_tokenizer, tasks[1].instruction, experience,
+                                                    max_tokens=cfg.distill.lopd.experience_max_tokens))
+        assert call in encoded and experience.instruction in encoded
+        assert "SmolLM" not in encoded and "helpful AI assistant" not in encoded  # no default system prompt
+        worked = suite.make_env(tasks[0]).reset(tasks[0])[1]["content"]  # the domain's first worked example
+        assert worked not in encoded
+        initial = suite.make_env(tasks[1]).reset(tasks[1])
+        turns = [experience_turns(tiny_tokenizer, experience, max_tokens=cfg.distill.lopd.experience_max_tokens)]
+        for placement in ("chat_turn", "user_framing", "system"):
+            prompt = tiny_tokenizer.decode(experiences_prompt(tiny_tokenizer, initial, tasks[1].tools, turns,
+                                                              placement=placement).ids)
+            assert call in prompt and experience.instruction in prompt, (domain, placement)
+        assert pd.notna(row["text"])
