@@ -58,11 +58,13 @@ def _per_row(values: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
 def action_logprobs(policies: PolicySet, episodes: list[Trajectory], *, teacher: PromptBuilder | None,
                     micro_batch: int = 4, student: bool = False) -> list[torch.Tensor]:
     """Per episode, the log-probs of its action tokens: under the base model (``teacher`` None), the student
-    (``student``) or a teacher."""
-    out = []
+    (``student``) or a teacher. Episodes are batched by length (less padding); the result keeps their order."""
+    order = sorted(range(len(episodes)), key=lambda i: len(episodes[i].token_ids))
+    out: list[torch.Tensor | None] = [None] * len(episodes)
     with torch.no_grad():
-        for start in range(0, len(episodes), micro_batch):
-            rows = episodes[start:start + micro_batch]
+        for start in range(0, len(order), micro_batch):
+            picked = order[start:start + micro_batch]
+            rows = [episodes[i] for i in picked]
             if teacher is None:
                 batch = student_batch(rows, pad_id=policies.tokenizer.pad_token_id, device=policies.device)
                 logprobs = student_logprobs(policies, batch) if student else model_logprobs(policies, None, batch)
@@ -71,7 +73,8 @@ def action_logprobs(policies: PolicySet, episodes: list[Trajectory], *, teacher:
                 batch = teacher_batch(rows, prompts, pad_id=policies.tokenizer.pad_token_id, device=policies.device)
                 logprobs = score(batch)
             targets = batch.target_ids[batch.mask.bool()]
-            out += [v.float().cpu() for v in _per_row(gather_tokens(logprobs, targets), batch.mask)]
+            for i, values in zip(picked, _per_row(gather_tokens(logprobs, targets), batch.mask), strict=True):
+                out[i] = values.float().cpu()
     return out
 
 
