@@ -23,6 +23,7 @@ already measured are kept. The report (Markdown + PNG) is written by :mod:`lopd_
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -64,7 +65,8 @@ METHODS: dict[str, dict[str, Any]] = {
 """A comparison's method names and the config they stand for (controls included)."""
 BASELINES = tuple(METHODS)
 SIGNALS = ("rollout/success_rate", "distill/updated", "distill/student_grad_norm", "distill/kl_topk",
-           "distill/privilege_delta", "distill/beta", "rollout/generated_tokens")
+           "distill/privilege_delta", "distill/margin_delta", "distill/privilege_success",
+           "distill/privilege_first_token", "distill/beta", "rollout/generated_tokens")
 """Per-step metrics summarised into every run's result for the report's "training signals" table."""
 ABLATIONS: dict[str, dict[str, Any]] = {
     "lopd_frozen": {"distill.lopd.frozen_composer": True},
@@ -421,11 +423,12 @@ class Comparison:
 
         What the report uses to show *why* a curve moved or did not: on-policy success, how many steps
         updated at all (GRPO skips groups without reward spread), gradient sizes, and LOPD's KL, privilege Δ
-        and dual variable β. A step logged twice (a resumed step) counts once, with its last value."""
+        and dual variable β. A step logged twice (a resumed step) counts once, with its last value; steps where
+        a metric is undefined (NaN: δ on successes in a step without one) are left out."""
         out = {}
         for key in SIGNALS:
             by_step = self.registry.metric_by_step(run_id, key)
-            values = [by_step[s] for s in sorted(by_step)]
+            values = [by_step[s] for s in sorted(by_step) if not math.isnan(by_step[s])]
             if values:
                 out[key] = {"first": values[0], "last": values[-1], "mean": statistics.fmean(values),
                             "sum": sum(values), "steps": len(values)}

@@ -259,17 +259,21 @@ def signals_section(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = ["", "## Training signals", "",
              "Per-step metrics from each run's MLflow run, averaged over its seeds: on-policy success of the "
              "training rollouts, the share of steps that updated the student at all, the student's gradient norm, "
-             "and for LOPD the top-M KL to the teacher, the outcome-signed privilege Δ (the margin constraint "
-             "asks for Δ ≥ m) and the dual variable β at the end.", "",
+             "and for LOPD the top-M KL to the teacher, the margin Δ the constraint asks to be ≥ m (balanced: mean "
+             "δ on successes − on failures; signed: the paper's), the teacher's δ on the step's successes and at "
+             "their first action token, and the dual variable β at the end.", "",
              "| run | train success (mean over steps) | steps with an update | student grad norm (mean) | "
-             "KL top-M first → last | Δ mean | β last |", "|---|---|---|---|---|---|---|"]
+             "KL top-M first → last | Δ mean | δ successes | δ first token | β last |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, runs in sorted(groups.items(), key=lambda kv: (kv[0].startswith("lopd_"), kv[0])):
         kl = (f"{_signal(runs, 'distill/kl_topk', 'first', '.4f')} → {_signal(runs, 'distill/kl_topk', 'last', '.4f')}"
               if any("distill/kl_topk" in r.get("signals", {}) for r in runs) else "–")
         lines.append(f"| {name} | {_signal(runs, 'rollout/success_rate', 'mean', '.3f')} | "
                      f"{_signal(runs, 'distill/updated', 'mean', '.0%')} | "
                      f"{_signal(runs, 'distill/student_grad_norm', 'mean', '.3g')} | {kl} | "
-                     f"{_signal(runs, 'distill/privilege_delta', 'mean', '.4f')} | "
+                     f"{_signal(runs, 'distill/margin_delta', 'mean', '.4f')} | "
+                     f"{_signal(runs, 'distill/privilege_success', 'mean', '.4f')} | "
+                     f"{_signal(runs, 'distill/privilege_first_token', 'mean', '.3f')} | "
                      f"{_signal(runs, 'distill/beta', 'last', '.3f')} |")
     return lines
 

@@ -37,7 +37,7 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert signals["lopd-s0"]["rollout/success_rate"]["steps"] == 2 == signals["grpo-s0"]["distill/updated"]["steps"]
     assert "distill/beta" in signals["lopd-s0"] and "distill/privilege_delta" not in signals["grpo-s0"]
     grpo_row = next(line for line in text.split("## Training signals")[1].splitlines() if line.startswith("| grpo |"))
-    assert grpo_row.endswith("| – | – | – |")
+    assert grpo_row.endswith("| – | – | – | – | – |")
     # the committed results name the workspace as $LOPD_HOME, not this machine's directory
     results = (report / "results.json").read_text()
     assert str(home) not in results and "$LOPD_HOME/compare/toolworld/runs/lopd-s0" in results
