@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from data_contracts.models import (
+    ABSENT,
     JSON_COLUMNS,
     SCHEMA_VERSION,
     EvaluationSchema,
@@ -54,15 +55,34 @@ def trajectories_to_frame(trajectories: Iterable[Trajectory]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=contract_columns(TrajectorySchema))
 
 
+REQUIRED_RECORD_FIELDS = ("policy_version",)
+"""Fields with a default in :class:`Trajectory` that a loose record must still carry: which policy produced an
+episode is provenance, and a guess ('base') would be a silent lie."""
+
+
+def _encode_json(value: Any) -> Any:
+    """A record's structured value as JSON text. A value that is already a string is encoded as a JSON
+    string, so the contract's "JSON list/object" check refuses it instead of it being taken for JSON; a value
+    JSON cannot hold (NaN, a set, an object) is left as it is, and the contract refuses it."""
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return value
+
+
 def records_to_trajectory_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    """A frame from loose dicts (e.g. JSONL lines): the record's defaults fill optional fields, nested values
-    are JSON-encoded, and a missing required field stays missing (NaN) so validation quarantines that row.
-    Unknown keys are kept as columns, so the strict contract rejects them instead of losing them."""
+    """A frame from loose dicts (e.g. JSONL lines), nothing converted: the record's defaults fill optional
+    fields (never :data:`REQUIRED_RECORD_FIELDS`), nested values are JSON-encoded, and a missing required
+    field holds :data:`~data_contracts.models.ABSENT` so validation quarantines that row and names the field.
+    Unknown keys are kept as columns (:data:`ABSENT` in the rows without them), so validation quarantines
+    exactly the rows that carry one, naming the key, instead of losing it."""
     defaults: dict[str, Any] = {}
     for f in fields(Trajectory):
+        if f.name in REQUIRED_RECORD_FIELDS or f.name == "episode_id":
+            continue
         if f.default is not MISSING:
             defaults[f.name] = f.default
-        elif f.default_factory is not MISSING and f.name not in ("episode_id",):
+        elif f.default_factory is not MISSING:
             defaults[f.name] = f.default_factory()
     rows = []
     for record in records:
@@ -70,13 +90,14 @@ def records_to_trajectory_frame(records: Iterable[dict[str, Any]]) -> pd.DataFra
         if not row.get("trajectory_id") and row.get("episode_id"):
             row["trajectory_id"] = row["episode_id"]
         for name in _TRAJECTORY_JSON:
-            if name in row and not isinstance(row[name], str):
-                row[name] = json.dumps(row[name], ensure_ascii=False, sort_keys=True, default=str)
+            if name in row:
+                row[name] = _encode_json(row[name])
         row.setdefault("schema_version", SCHEMA_VERSION)
         rows.append(row)
     columns = contract_columns(TrajectorySchema)
-    extra = sorted({k for r in rows for k in r} - set(columns))
-    return pd.DataFrame(rows, columns=columns + extra)
+    extra = sorted({k for r in rows for k in r} - set(columns), key=str)
+    names = columns + extra
+    return pd.DataFrame([[r.get(c, ABSENT) for c in names] for r in rows], columns=names, dtype=object)
 
 
 def row_to_trajectory(row: dict[str, Any]) -> Trajectory:

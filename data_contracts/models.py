@@ -13,7 +13,15 @@ What a frame looks like (the *representation* choice, used by every stage and by
   (:data:`JSON_COLUMNS`): their shape differs between suites, and a JSON string survives every storage
   layer unchanged. :mod:`data_contracts.convert` does the encoding.
 
-Models are ``strict`` (an unknown column is an error, a missing one too) and ``coerce`` scalar dtypes.
+Models are ``strict`` (an unknown column is an error, a missing one too). Scalar cells are checked **before**
+any dtype coercion by :func:`cell_problem` (run per row by :func:`data_contracts.validate.validate_frame`):
+an integer column takes integers only (an integral float such as ``3.0`` is exact and accepted; ``1.7``,
+``True`` and ``"3"`` are refused), a float column takes finite numbers but never a boolean, a boolean column
+takes ``True``/``False`` only (never ``"False"``, ``"no"`` or ``1``), a text column takes strings only, at most
+:func:`text_limit` UTF-8 bytes (:data:`MAX_TEXT_BYTES`, :data:`MAX_MESSAGES_BYTES`, :data:`MAX_JSON_BYTES`).
+Only what passes is ``coerce``d to the column dtype, so coercion normalises a type and never changes a value.
+Per-token arrays are bounded by their storage types (:data:`MAX_TOKEN_ID`: token ids are int32 in LanceDB)
+and by :data:`MAX_TOKENS`. A cell holding :data:`ABSENT` is a field the record did not have.
 Cross-column rules are ``dataframe_check``s that answer per row, so a failure names the rows and the rule
 (the rule's ``name`` is what lands in the quarantine ``reason``). Each model names its idempotency key
 in ``Config.metadata["key"]``; :func:`data_contracts.validate.validate_frame` also rejects repeated keys.
@@ -24,6 +32,7 @@ This module is the contract only: validation with quarantine is :mod:`data_contr
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
@@ -57,6 +66,60 @@ ARROW_LIST_TYPES = {
     "vector": "float32",
 }
 """Element type of each list column in LanceDB (``vector`` is a fixed-size list of the embedder's dim)."""
+
+# --------------------------------------------------------------------------------------------------
+# Limits: what one cell may hold. A row over a limit is quarantined with the limit named (stored data is never
+# cut; only a quarantine payload's oversized cells are, see data_contracts.validate.PAYLOAD_CELL_BYTES).
+MAX_TEXT_BYTES = 64 * 1024
+"""UTF-8 bytes of one plain text cell (instruction, feedback, error, observation_lite, ids, names, …)."""
+MAX_MESSAGES_BYTES = 4 * 1024 * 1024
+"""UTF-8 bytes of a chat-messages JSON cell (``messages``, ``messages_lite``)."""
+MAX_JSON_BYTES = 1024 * 1024
+"""UTF-8 bytes of the other JSON cells (``tools``, ``checklist``, ``sampling``, ``timings``, ``extra``) and of a
+quarantine ``reason``."""
+MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+"""UTF-8 bytes of a quarantine ``payload`` (built by lopd; each of its cells is capped, see validate.py)."""
+MAX_TOKENS = 262_144
+"""Length of a trajectory's per-token arrays (``token_ids``, ``assistant_mask``, ``sampling_logprobs``)."""
+MAX_TOKEN_ID = 2**31 - 1
+"""Largest token id: ``token_ids`` are stored as int32 (:data:`ARROW_LIST_TYPES`)."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""Range of an integer column (int64 in pandas and LanceDB)."""
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""Largest magnitude of an element of a float32 vector column."""
+
+_TEXT_LIMITS = {
+    "messages": MAX_MESSAGES_BYTES, "messages_lite": MAX_MESSAGES_BYTES,
+    "tools": MAX_JSON_BYTES, "checklist": MAX_JSON_BYTES, "sampling": MAX_JSON_BYTES, "timings": MAX_JSON_BYTES,
+    "extra": MAX_JSON_BYTES, "failed_checks": MAX_JSON_BYTES, "reason": MAX_JSON_BYTES,
+    "payload": MAX_PAYLOAD_BYTES,
+}
+
+
+def text_limit(column: str) -> int:
+    """The UTF-8 byte limit of a text cell of ``column`` (the same in every contract)."""
+    return _TEXT_LIMITS.get(column, MAX_TEXT_BYTES)
+
+
+class _Absent:
+    """The marker of a field a record did not have (distinct from ``None``, an explicit null)."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __reduce__(self):
+        return (_Absent, ())
+
+
+ABSENT = _Absent()
+"""Cell value of a field missing from its record (see :func:`data_contracts.convert.records_to_trajectory_frame`)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,7 +191,42 @@ def _vector_ok(value: Any, dim: int | None = None) -> bool:
     vec = as_list(value)
     if vec is None or not vec or (dim is not None and len(vec) != dim):
         return False
-    return all(_is_real(x) and math.isfinite(x) for x in vec)
+    return all(_is_real(x) and math.isfinite(x) and abs(x) <= FLOAT32_MAX for x in vec)
+
+
+def _suite_name_ok(value: Any) -> bool:
+    """A stored suite is a name (plug-in suites record their ``name``), never a path: stages look suites up by
+    this value (:func:`lopd_core.envs.suite_kind`), and a path would import a plug-in's Python from a data row."""
+    return isinstance(value, str) and not any(c in value for c in "/\\") and \
+        not value.lower().endswith((".yaml", ".yml"))
+
+
+def _token_ids_ok(value: Any) -> bool:
+    ids = as_list(value)
+    return ids is not None and all(_is_int(x) and 0 <= x <= MAX_TOKEN_ID for x in ids)
+
+
+def _length_at_most(value: Any, limit: int) -> bool:
+    items = as_list(value)
+    return items is not None and len(items) <= limit
+
+
+def _check(*columns: str, name: str):
+    """``pa.check`` whose name survives inheritance: pandera (0.35) pops ``name`` the first time a model's
+    schema is built, so a subclass built later (IndexedExperienceSchema) would name the check after its
+    function (``_content_vector``) in quarantine reasons; the function's own name is the fallback it uses."""
+    def wrap(fn):
+        fn.__name__ = name
+        return pa.check(*columns, name=name)(fn)
+    return wrap
+
+
+def _dataframe_check(*, name: str):
+    """``pa.dataframe_check`` with the same fix as :func:`_check`."""
+    def wrap(fn):
+        fn.__name__ = name
+        return pa.dataframe_check(name=name)(fn)
+    return wrap
 
 
 # --------------------------------------------------------------------------------------------------
@@ -176,45 +274,53 @@ class TrajectorySchema(pa.DataFrameModel):
         name = "trajectories"
         metadata = {"key": "trajectory_id"}
 
-    @pa.check("messages", name="messages_json_list_of_chat_messages")
+    @_check("messages", name="messages_json_list_of_chat_messages")
     def _messages(cls, s: pd.Series) -> pd.Series:
         return s.map(_messages_ok)
 
-    @pa.check("messages_lite", name="messages_lite_json_list_of_chat_messages")
+    @_check("suite", name="suite_is_a_name_not_a_path")
+    def _suite_name(cls, s: pd.Series) -> pd.Series:
+        return s.map(_suite_name_ok)
+
+    @_check("messages_lite", name="messages_lite_json_list_of_chat_messages")
     def _messages_lite(cls, s: pd.Series) -> pd.Series:
         return s.map(_messages_ok)
 
-    @pa.check("tools", name="tools_json_list")
+    @_check("tools", name="tools_json_list")
     def _tools(cls, s: pd.Series) -> pd.Series:
         return s.map(lambda v: _json_is(v, list))
 
-    @pa.check("checklist", "sampling", "timings", name="json_object")
+    @_check("checklist", "sampling", "timings", name="json_object")
     def _json_objects(cls, s: pd.Series) -> pd.Series:
         return s.map(lambda v: _json_is(v, dict))
 
-    @pa.check("token_ids", name="token_ids_list_of_non_negative_ints")
+    @_check("token_ids", name=f"token_ids_list_of_ints_in_0_to_{MAX_TOKEN_ID}")
     def _token_ids(cls, s: pd.Series) -> pd.Series:
-        return s.map(lambda v: (ids := as_list(v)) is not None and all(_is_int(x) and x >= 0 for x in ids))
+        return s.map(_token_ids_ok)
 
-    @pa.check("assistant_mask", name="assistant_mask_list_of_0_1")
+    @_check("token_ids", name=f"token_ids_at_most_{MAX_TOKENS}_tokens")
+    def _n_tokens(cls, s: pd.Series) -> pd.Series:
+        return s.map(lambda v: _length_at_most(v, MAX_TOKENS))
+
+    @_check("assistant_mask", name="assistant_mask_list_of_0_1")
     def _mask(cls, s: pd.Series) -> pd.Series:
         return s.map(lambda v: (m := as_list(v)) is not None and all(_is_int(x) and x in (0, 1) for x in m))
 
-    @pa.check("sampling_logprobs", name="sampling_logprobs_finite_and_le_0")
+    @_check("sampling_logprobs", name="sampling_logprobs_finite_and_le_0")
     def _logprobs(cls, s: pd.Series) -> pd.Series:
         return s.map(
             lambda v: (lp := as_list(v)) is not None and all(_is_real(x) and math.isfinite(x) and x <= 0.0 for x in lp)
         )
 
-    @pa.dataframe_check(name="mask_length_matches_token_ids")
+    @_dataframe_check(name="mask_length_matches_token_ids")
     def _mask_len(cls, df: pd.DataFrame) -> pd.Series:
         return _rowwise(df, _safe(lambda r: len(as_list(r.assistant_mask)) == len(as_list(r.token_ids))))
 
-    @pa.dataframe_check(name="logprobs_length_matches_token_ids")
+    @_dataframe_check(name="logprobs_length_matches_token_ids")
     def _lp_len(cls, df: pd.DataFrame) -> pd.Series:
         return _rowwise(df, _safe(lambda r: len(as_list(r.sampling_logprobs)) == len(as_list(r.token_ids))))
 
-    @pa.dataframe_check(name="prompt_len_within_token_ids_and_prompt_unmasked")
+    @_dataframe_check(name="prompt_len_within_token_ids_and_prompt_unmasked")
     def _prompt_len(cls, df: pd.DataFrame) -> pd.Series:
         def ok(r):
             mask = as_list(r.assistant_mask)
@@ -222,7 +328,7 @@ class TrajectorySchema(pa.DataFrameModel):
 
         return _rowwise(df, _safe(ok))
 
-    @pa.dataframe_check(name="logprobs_zero_outside_assistant_mask")
+    @_dataframe_check(name="logprobs_zero_outside_assistant_mask")
     def _lp_outside(cls, df: pd.DataFrame) -> pd.Series:
         def ok(r):
             pairs = zip(as_list(r.assistant_mask), as_list(r.sampling_logprobs), strict=True)
@@ -230,15 +336,15 @@ class TrajectorySchema(pa.DataFrameModel):
 
         return _rowwise(df, _safe(ok))
 
-    @pa.dataframe_check(name="ok_status_has_assistant_tokens")
+    @_dataframe_check(name="ok_status_has_assistant_tokens")
     def _ok_has_tokens(cls, df: pd.DataFrame) -> pd.Series:
         return _rowwise(df, _safe(lambda r: r.status != "ok" or sum(as_list(r.assistant_mask)) > 0))
 
-    @pa.dataframe_check(name="error_status_has_error_message")
+    @_dataframe_check(name="error_status_has_error_message")
     def _error_message(cls, df: pd.DataFrame) -> pd.Series:
         return _rowwise(df, _safe(lambda r: r.status != "error" or bool(str(r.error).strip())))
 
-    @pa.dataframe_check(name="initial_messages_within_messages")
+    @_dataframe_check(name="initial_messages_within_messages")
     def _initial(cls, df: pd.DataFrame) -> pd.Series:
         return _rowwise(df, _safe(lambda r: int(r.initial_messages) <= _json_len(r.messages)))
 
@@ -273,11 +379,11 @@ class ExperienceSchema(pa.DataFrameModel):
         name = "experiences"
         metadata = {"key": "experience_id"}
 
-    @pa.check("messages", name="messages_json_list_of_chat_messages")
+    @_check("messages", name="messages_json_list_of_chat_messages")
     def _messages(cls, s: pd.Series) -> pd.Series:
         return s.map(_messages_ok)
 
-    @pa.check("content_vector", name="content_vector_finite_of_content_dim")
+    @_check("content_vector", name="content_vector_finite_float32_of_content_dim")
     def _content_vector(cls, s: pd.Series) -> pd.Series:
         return s.map(lambda v: _vector_ok(v, CONTENT_DIM))
 
@@ -295,14 +401,14 @@ class IndexedExperienceSchema(ExperienceSchema):
         name = "indexed_experiences"
         metadata = {"key": "experience_id"}
 
-    @pa.check("vector", name="vector_finite_and_unit_norm")
+    @_check("vector", name="vector_finite_float32_and_unit_norm")
     def _vector(cls, s: pd.Series) -> pd.Series:
         def ok(v):
             return _vector_ok(v) and abs(float(np.linalg.norm(np.asarray(v, dtype=np.float64))) - 1.0) < 1e-3
 
         return s.map(ok)
 
-    @pa.dataframe_check(name="vectors_share_one_dimension")
+    @_dataframe_check(name="vectors_share_one_dimension")
     def _one_dim(cls, df: pd.DataFrame) -> pd.Series:
         lengths = df["vector"].map(lambda v: len(as_list(v) or []))
         common = lengths.mode().iloc[0] if len(lengths) else 0
@@ -344,15 +450,15 @@ class EvaluationSchema(pa.DataFrameModel):
         name = "evaluations"
         metadata = {"key": "eval_row_id"}
 
-    @pa.check("extra", name="json_object")
+    @_check("extra", name="json_object")
     def _extra(cls, s: pd.Series) -> pd.Series:
         return s.map(lambda v: _json_is(v, dict))
 
-    @pa.dataframe_check(name="eval_split_is_test_for_heldout_and_forgetting")
+    @_dataframe_check(name="eval_split_is_test_for_heldout_and_forgetting")
     def _heldout(cls, df: pd.DataFrame) -> pd.Series:
         return _rowwise(df, _safe(lambda r: r.probe == "prompt_nll" or r.split == "test"))
 
-    @pa.dataframe_check(name="nll_finite_non_negative_for_prompt_nll")
+    @_dataframe_check(name="nll_finite_non_negative_for_prompt_nll")
     def _nll(cls, df: pd.DataFrame) -> pd.Series:
         return _rowwise(df, _safe(lambda r: r.probe != "prompt_nll" or (math.isfinite(r.nll) and r.nll >= 0)))
 
@@ -362,7 +468,8 @@ class QuarantineSchema(pa.DataFrameModel):
     """A rejected row, kept whole (``payload``) with the checks it failed."""
 
     quarantine_id: Series[str] = pa.Field(str_length={"min_value": 1})
-    """Hash of (contract, payload): the same bad row quarantined twice is one row."""
+    """Hash of (contract, payload, n): n counts identical payloads earlier in the same write, so the same bad
+    row written again is one row, and two identical bad rows of one write are two rows."""
     contract: Series[str] = pa.Field(str_length={"min_value": 1})
     stage: Series[str]
     cycle_id: Series[str]
@@ -380,7 +487,7 @@ class QuarantineSchema(pa.DataFrameModel):
         name = "quarantine"
         metadata = {"key": "quarantine_id", "volatile": ["created_at"]}
 
-    @pa.check("failed_checks", name="json_list")
+    @_check("failed_checks", name="json_list")
     def _checks(cls, s: pd.Series) -> pd.Series:
         return s.map(lambda v: _json_is(v, list))
 
@@ -410,3 +517,116 @@ def contract_name(model: type[pa.DataFrameModel]) -> str:
 
 def contract_columns(model: type[pa.DataFrameModel]) -> list[str]:
     return list(model.to_schema().columns)
+
+
+# --------------------------------------------------------------------------------------------------
+# Strict scalar cells: checked before any coercion (validate_frame runs them per row).
+_SCALAR_KINDS = {"int64": "int", "float64": "float", "bool": "bool", "str": "str", "string": "str",
+                 "string[python]": "str", "string[pyarrow]": "str"}
+_LIMIT_NAMES = {MAX_TEXT_BYTES: "MAX_TEXT_BYTES", MAX_MESSAGES_BYTES: "MAX_MESSAGES_BYTES",
+                MAX_JSON_BYTES: "MAX_JSON_BYTES", MAX_PAYLOAD_BYTES: "MAX_PAYLOAD_BYTES"}
+
+
+@functools.cache
+def scalar_columns(model: type[pa.DataFrameModel]) -> dict[str, tuple[str, bool]]:
+    """Column → (kind, nullable) for the scalar columns of a contract; kind is int, float, bool or str."""
+    out = {}
+    for name, column in model.to_schema().columns.items():
+        kind = _SCALAR_KINDS.get(str(column.dtype))
+        if kind:
+            out[name] = (kind, bool(column.nullable))
+    return out
+
+
+def preview(value: Any, width: int = 60) -> str:
+    """A short, ASCII-only rendering of a value for a message (safe to store whatever the value holds)."""
+    text = ascii(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def describe(value: Any) -> str:
+    """What a value is, for a message: 'the string \'False\'', 'the float 1.7', 'the boolean true', …"""
+    if isinstance(value, bool | np.bool_):
+        return f"the boolean {'true' if value else 'false'}"
+    if isinstance(value, str):
+        return f"the string {preview(value)}"
+    if isinstance(value, int | np.integer):
+        return f"the integer {preview(int(value))}"
+    if isinstance(value, float | np.floating):
+        return f"the float {float(value)!r}"
+    if isinstance(value, list | tuple | np.ndarray):
+        return f"a list of {len(value)} items"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float | np.floating) and math.isnan(value)
+
+
+def missing_problem(column: str) -> str:
+    return f"{column}: missing; it is a required field (set it on every record)"
+
+
+def cell_problem(column: str, kind: str | None, value: Any, *, nullable: bool = False) -> str | None:
+    """Why ``value`` cannot be a cell of ``column`` (``kind`` from :func:`scalar_columns`, None for list and
+    object columns, which only get the missing-field rule here); None when it can. Never converts."""
+    if value is ABSENT:
+        return missing_problem(column)
+    if kind is None:
+        return None
+    if value is None:
+        return f"{column}: null; a value is required"
+    if _is_nan(value) and kind != "str":
+        if nullable:
+            return None
+        wanted = {"float": "a finite number", "int": "an integer", "bool": "true or false"}[kind]
+        return f"{column}: NaN or missing; {wanted} is required"
+    if kind == "bool":
+        if isinstance(value, bool | np.bool_):
+            return None
+        return f"{column}: expected true or false, got {describe(value)} (strings and numbers are not converted)"
+    if kind == "str":
+        if not isinstance(value, str):
+            if _is_nan(value):
+                return f"{column}: null; a value is required"
+            return f"{column}: expected a string, got {describe(value)} (it is not converted)"
+        limit = text_limit(column)
+        if value.isascii():
+            size = len(value)
+        else:
+            try:
+                size = len(value.encode("utf-8"))
+            except UnicodeEncodeError as err:
+                return (f"{column}: not valid Unicode text ({err.reason} at character {err.start}); "
+                        "the producer must write UTF-8")
+        if size > limit:
+            return (f"{column}: {size} bytes, over the {limit}-byte limit for this column "
+                    f"({_LIMIT_NAMES.get(limit, 'limit')}); shorten it at the source")
+        return None
+    if isinstance(value, bool | np.bool_):
+        what = "an integer" if kind == "int" else "a number"
+        return f"{column}: expected {what}, got {describe(value)} (a boolean is not a number)"
+    if kind == "int":
+        if isinstance(value, int | np.integer):
+            number = int(value)
+        elif isinstance(value, float | np.floating) and math.isfinite(value) and float(value).is_integer():
+            number = int(value)  # 3.0 is exactly 3
+        elif isinstance(value, float | np.floating):
+            return f"{column}: expected an integer, got {describe(value)} (it is not truncated or rounded)"
+        else:
+            return f"{column}: expected an integer, got {describe(value)} (it is not converted)"
+        if not INT64_MIN <= number <= INT64_MAX:
+            return f"{column}: {preview(number)} is outside the int64 range of the column"
+        return None
+    # kind == "float"
+    if not isinstance(value, int | float | np.integer | np.floating):
+        return f"{column}: expected a number, got {describe(value)} (it is not converted)"
+    try:
+        number = float(value)
+    except OverflowError:
+        return f"{column}: {preview(value)} is too large for a float column"
+    if not math.isfinite(number):
+        return f"{column}: {number!r} is not a finite number"
+    return None

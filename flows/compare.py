@@ -26,7 +26,7 @@ def _comparison(profile: str, overrides: list[str], params: dict[str, Any]):
     from lopd_core.compare import parse_seeds_for, plan_comparison, split_names
     from lopd_core.workspace import Workspace
 
-    cfg = config(profile, overrides)
+    cfg = config(profile, overrides, suites={"suite": params["suite"]})
     root = Path(params["root"] or Workspace.from_config(cfg.workspace).ensure().home / "compare" / params["suite"])
     return plan_comparison(cfg, suite=params["suite"], methods=split_names(params["methods"]), budget=params["budget"],
                            seeds=params["seeds"], root=root, ablations=split_names(params["ablations"]),

@@ -49,6 +49,66 @@ def _quality_guard(fn):
         fail(str(e))
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def preview(value: object, width: int = 60) -> str:
+    text = ascii(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _strict_object(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(f"key {preview(k)} appears twice in one object (JSON readers keep only one of them)")
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON (write a number, or leave the field out)")
+
+
+def read_jsonl_records(path: Path) -> tuple[list[tuple[int, dict]], list[dict]]:
+    """(line number, record) for every line holding one JSON object, and the unreadable lines with why.
+
+    Strict: the file is split on newlines only, each line must be UTF-8, JSON without NaN/Infinity and
+    without repeated keys, and an object; blank lines are skipped."""
+    records, unreadable = [], []
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            raw = raw.rstrip(b"\r\n")
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                unreadable.append({"line": number, "raw": raw.decode("utf-8", "backslashreplace"),
+                                   "why": f"line {number}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte "
+                                          f"{e.start}); save the file as UTF-8"})
+                continue
+            try:
+                record = json.loads(line, object_pairs_hook=_strict_object, parse_constant=_no_constant)
+            except _DuplicateKey as e:
+                unreadable.append({"line": number, "raw": line, "why": f"line {number}: {e}"})
+                continue
+            except ValueError as e:
+                unreadable.append({"line": number, "raw": line,
+                                   "why": f"line {number}: not valid JSON ({getattr(e, 'msg', e)})"})
+                continue
+            except RecursionError:
+                unreadable.append({"line": number, "raw": line, "why": f"line {number}: JSON nested too deeply"})
+                continue
+            if not isinstance(record, dict):
+                unreadable.append({"line": number, "raw": line,
+                                   "why": f"line {number}: not a JSON object (a {type(record).__name__})"})
+                continue
+            records.append((number, record))
+    return records, unreadable
+
+
 @memory_app.command("ingest")
 def ingest(
     path: Annotated[Path, typer.Argument(help="JSONL file: one Trajectory record per line.")],
@@ -57,35 +117,33 @@ def ingest(
     set_: Overrides = None,
     as_json: JsonFlag = False,
 ):
-    """Validate trajectories from a JSONL file and upsert them into the trajectories table."""
+    """Validate trajectories from a JSONL file and upsert them into the trajectories table.
+
+    Every bad line is quarantined on its own with its line number and reason; the good ones are stored."""
     import pandas as pd
 
     from data_contracts.convert import records_to_trajectory_frame
     from data_contracts.validate import enforce_bad_share, quarantine_rows
+    from lopd_core.config import ConfigError, check_cycle_id
 
     if not path.exists():
         fail(f"{path}: no such file (expected a JSONL file of trajectory records)")
-    cfg, store = _store(profile, set_)
-    records, unreadable = [], []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    if cycle_id:
         try:
-            record = json.loads(line)
-        except ValueError as e:
-            unreadable.append({"line": number, "raw": line, "why": f"line {number}: not valid JSON ({e.msg})"})
-            continue
-        if not isinstance(record, dict):
-            unreadable.append({"line": number, "raw": line, "why": f"line {number}: not a JSON object"})
-            continue
-        records.append(record)
+            check_cycle_id(cycle_id)
+        except ConfigError as e:
+            fail(f"--cycle-id: {e}", code=2)
+    cfg, store = _store(profile, set_)
+    records, unreadable = read_jsonl_records(path)
     if unreadable:
         bad = pd.DataFrame([{"line": u["line"], "raw": u["raw"]} for u in unreadable])
         reasons = {i: {u["why"]} for i, u in enumerate(unreadable)}
         store.write_quarantine(quarantine_rows(bad, reasons, contract="trajectories", stage="ingest",
                                                cycle_id=cycle_id))
-    frame = records_to_trajectory_frame(records)
-    result = _quality_guard(lambda: store.write_trajectories(frame, stage="ingest", cycle_id=cycle_id))
+    frame = records_to_trajectory_frame([r for _, r in records])
+    labels = [f"line {n}" for n, _ in records]
+    result = _quality_guard(lambda: store.write_trajectories(frame, stage="ingest", cycle_id=cycle_id,
+                                                             row_labels=labels))
     result.n_input += len(unreadable)
     result.n_quarantined += len(unreadable)
     _quality_guard(lambda: enforce_bad_share(n_total=result.n_input, n_bad=result.n_quarantined,
@@ -96,6 +154,9 @@ def ingest(
     else:
         out.print(f"trajectories v{result.version}: {result.n_inserted} inserted, {result.n_updated} updated, "
                   f"{result.n_unchanged} unchanged, {result.n_quarantined} quarantined", highlight=False)
+        if result.n_quarantined:
+            err.print("the quarantined lines are in the quarantine table (stage 'ingest'), each with its line "
+                      "number and reason", highlight=False)
 
 
 @memory_app.command("curate")

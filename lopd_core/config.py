@@ -7,12 +7,21 @@ docs/method.md) ← the profile ← ``--set section.field=value`` overrides from
 Every field has a one-line docstring (it becomes the field description). Unknown keys are errors, and
 every error names the field, e.g. ``distill.top_m: Input should be greater than or equal to 1 (got 0)``.
 Cross-field rules live in the ``model_validator``s and raise :class:`ConfigError` the same way.
+
+Values are taken as typed, never converted (pydantic strict mode): an integer field takes an integer (not
+``true``, not ``3.0``, not ``"3"``), a boolean field ``true``/``false`` (not ``1``, not ``"yes"`` in quotes), a
+text field a string. A float field takes a number or a decimal literal written as text — YAML 1.1 reads
+``1e-4`` as a string, so ``--set distill.lr_student=1e-4`` keeps working — but never a boolean, and no
+number anywhere may be infinite or NaN (``inf``, ``.nan``). A profile's ``extends:`` chain must not loop.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+import types
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -28,8 +37,48 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the field (``section.field``) and what is allowed."""
 
 
+CYCLE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A cycle id: 1 to 128 letters, digits, dots, dashes and underscores, starting with a letter or a digit."""
+
+
+def check_cycle_id(cycle_id: str) -> str:
+    """Return ``cycle_id`` when it is a valid cycle id (it names a directory and appears in SQL filters)."""
+    if not isinstance(cycle_id, str) or not CYCLE_ID_PATTERN.fullmatch(cycle_id):
+        raise ConfigError(
+            f"cycle id {cycle_id!r} is not allowed: use 1 to 128 letters, digits, dots, dashes and underscores, "
+            "starting with a letter or a digit (no spaces, slashes or quotes; not '.' or '..'), e.g. 20261202T1200"
+        )
+    return cycle_id
+
+
+_DECIMAL = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+"""A decimal number written as text (``1e-4``, ``-2.5``, ``3``); ``inf``/``nan`` are not."""
+
+
+def _takes_float(annotation: Any) -> bool:
+    if annotation is float:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(a is float for a in typing.get_args(annotation))
+    return False
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True,
+                              strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _decimal_text_to_float(cls, data: Any) -> Any:
+        """A float field given a decimal literal as text (YAML 1.1 reads ``1e-4`` as a string) gets its number."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, field in cls.model_fields.items():
+            value = out.get(name)
+            if isinstance(value, str) and _takes_float(field.annotation) and _DECIMAL.fullmatch(value.strip()):
+                out[name] = float(value)
+        return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,6 +125,8 @@ class ModelConfig(_Section):
 class RolloutConfig(_Section):
     suite: str = "toolworld"
     """Task suite: toolworld, codegen, humaneval, bfcl, or a path to a plug-in suite YAML."""
+    suite_dirs: list[str] = []
+    """Directories a plug-in suite (rollout.suite, evaluate.probe_suite) may come from when a flow is run through a Prefect deployment; empty = built-in suites only there. Set it in the profile file: deployment parameters cannot widen it. The CLI loads any path."""
     level: int = Field(1, ge=1, le=5)
     """Difficulty level of the generated tasks (1 = easiest)."""
     engine: Literal["hf", "vllm"] = "hf"
@@ -443,16 +494,27 @@ class Config(_Section):
 
 
 # --------------------------------------------------------------------------------------------------
+_TYPE_HINTS = {
+    "int_type": "write a whole number such as 3",
+    "bool_type": "write true or false",
+    "float_type": "write a number such as 0.5 or 1e-4",
+    "finite_number": "infinity and NaN are not allowed",
+    "string_type": "write text (quote it in YAML if it looks like a number)",
+    "list_type": "write a list such as [a, b]",
+}
+
+
 def _format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
+        hint = _TYPE_HINTS.get(e["type"])
         if e["type"] == "extra_forbidden":
             lines.append(f"{loc}: unknown field (check the spelling; `lopd config show` lists the fields)")
         elif loc and not isinstance(got, dict):
-            lines.append(f"{loc}: {msg} (got {got!r})")
+            lines.append(f"{loc}: {msg} (got {got!r}{'; ' + hint if hint else ''})")
         else:
             lines.append(f"{loc + ': ' if loc else ''}{msg}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
@@ -513,7 +575,23 @@ def profile_path(profile: str) -> Path:
 
 def load_config(profile: str = "demo", overrides: list[str] | dict[str, Any] | None = None) -> Config:
     """Load a profile (name or path) and apply ``section.field=value`` overrides."""
+    return _load_config(profile, overrides, chain=())
+
+
+def _profile_identity(profile: str, path: Path) -> str:
+    return profile if profile in PROFILES else str(path.resolve())
+
+
+def _load_config(profile: str, overrides: list[str] | dict[str, Any] | None, *,
+                 chain: tuple[tuple[str, str], ...]) -> Config:
+    """:func:`load_config` that knows the profiles extending this one (``chain``: (identity, as written))."""
     path = profile_path(profile)
+    identity = _profile_identity(profile, path)
+    if any(seen == identity for seen, _ in chain):
+        names = " -> ".join([*(written for _, written in chain), str(profile)])
+        raise ConfigError(f"profile cycle: {names}; a profile's `extends:` must not lead back to a profile "
+                          "already in the chain (remove one of the `extends:` lines)")
+    chain = (*chain, (identity, str(profile)))
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -522,8 +600,11 @@ def load_config(profile: str = "demo", overrides: list[str] | dict[str, Any] | N
         raise ConfigError(f"{path}: a profile must be a mapping of sections, got {type(raw).__name__}")
     extends = raw.pop("extends", None)
     raw.setdefault("name", path.stem)
-    if extends:
-        base = load_config(extends).model_dump(mode="json")
+    if extends is not None:
+        if not isinstance(extends, str) or not extends.strip():
+            raise ConfigError(f"{path}: extends must name one profile (a shipped name or a YAML path), "
+                              f"got {extends!r}")
+        base = _load_config(extends, None, chain=chain).model_dump(mode="json")
         raw = _deep_merge(base, raw)
     if overrides:
         _apply_overrides(raw, overrides)

@@ -32,7 +32,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from lopd_core.config import Config
+from lopd_core.config import Config, check_cycle_id
 from lopd_core.envs import get_suite
 from lopd_core.evaluation import episode_metrics
 from lopd_core.memory.curation import curate_store
@@ -103,8 +103,7 @@ class CycleContext:
     """Everything a stage needs, created lazily: workspace, store, registry, suite, the cycle record."""
 
     def __init__(self, cfg: Config, cycle_id: str, *, flow_run_id: str = ""):
-        if not cycle_id or "/" in cycle_id or "'" in cycle_id:
-            raise ValueError(f"cycle id {cycle_id!r} must be non-empty and contain neither '/' nor quotes")
+        check_cycle_id(cycle_id)  # a ConfigError (a ValueError) naming the id and the rule
         self.cycle_id = cycle_id
         self.seed = cycle_seed(cycle_id, cfg.rollout.seed)
         self.cfg = cfg.with_overrides({"distill.seed": self.seed})

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from adversarial_rows import BAD_RECORDS, good_record
 from test_memory_support import make_trajectory
 
 from data_contracts import (
@@ -22,6 +23,7 @@ from data_contracts import (
     trajectories_to_frame,
     validate_frame,
 )
+from lopd_core.records.experience import CONTENT_DIM
 
 
 def _frame(*trajs):
@@ -62,7 +64,7 @@ def test_round_trip_trajectories_frame_is_lossless():
     ({"prompt_len": 99}, "prompt_len_within_token_ids_and_prompt_unmasked"),
     ({"prompt_len": 5}, "prompt_len_within_token_ids_and_prompt_unmasked"),
     ({"assistant_mask": [0, 0, 0, 0, 2, 1, 1, 0]}, "assistant_mask_list_of_0_1"),
-    ({"token_ids": [1, 2, -3, 4, 5, 6, 7, 8]}, "token_ids_list_of_non_negative_ints"),
+    ({"token_ids": [1, 2, -3, 4, 5, 6, 7, 8]}, "token_ids_list_of_ints_in_0_to_2147483647"),
     ({"assistant_mask": [0] * 8, "sampling_logprobs": [0.0] * 8}, "ok_status_has_assistant_tokens"),
     ({"status": "error", "error": ""}, "error_status_has_error_message"),
     ({"initial_messages": 9}, "initial_messages_within_messages"),
@@ -92,7 +94,7 @@ def test_nothing_is_dropped_silently_with_many_kinds_of_bad_rows():
     valid, quarantine = validate_frame(frame, TrajectorySchema)
     assert len(valid) + len(quarantine) == len(frame)
     reasons = quarantine["reason"].tolist()
-    assert any("coerce_dtype" in r for r in reasons)
+    assert any("reward: expected a number, got the string 'not a number'" in r for r in reasons)
     assert any("duplicate_key" in r for r in reasons)
     assert len(valid) == 5 and valid["reward"].dtype == np.float64
     # the duplicate's first occurrence stays valid
@@ -103,11 +105,12 @@ def test_frame_level_failures_quarantine_every_row_and_trip_the_limit():
     frame = _frame(make_trajectory(0), make_trajectory(1)).drop(columns=["policy_version"])
     valid, quarantine = validate_frame(frame, TrajectorySchema)
     assert valid.empty and len(quarantine) == 2
-    assert (quarantine["reason"] == "missing column 'policy_version'").all()
+    assert (quarantine["reason"] == "policy_version: missing; it is a required field (set it on every record)").all()
 
     extra = _frame(make_trajectory(0)).assign(surprise=1)
     _, quarantine = validate_frame(extra, TrajectorySchema)
-    assert quarantine["reason"].tolist() == ["unknown column 'surprise'"]
+    assert quarantine["reason"].tolist() == [
+        "unknown field 'surprise': not in the trajectories contract (remove it, or fix its spelling)"]
 
     with pytest.raises(StageQualityError) as info:
         validate_frame(frame, TrajectorySchema, stage="rollouts", max_bad_fraction=0.2)
@@ -160,7 +163,7 @@ def test_experience_contract_rejects_test_split_and_unnormalised_vectors():
     assert valid["experience_id"].tolist() == ["x0"]
     reasons = _reasons(quarantine)
     assert "split: isin" in reasons["x1"]
-    assert "vector_finite_and_unit_norm" in reasons["x2"]
+    assert "vector_finite_float32_and_unit_norm" in reasons["x2"]
     assert "vectors_share_one_dimension" in reasons["x3"]
     assert "suite_kind: isin" in reasons["x4"]
 
@@ -199,3 +202,84 @@ def test_evaluation_frame_from_scored_episodes_is_contract_valid():
     train_episode = evaluation_frame([make_trajectory(5)], eval_run_id="run-7", role="challenger")
     _, quarantine = validate_frame(train_episode, EvaluationSchema)
     assert "eval_split_is_test_for_heldout_and_forgetting" in quarantine["reason"].iloc[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Adversarial records (tests/adversarial_rows.py): each one quarantined with its reason, the good row kept.
+@pytest.mark.parametrize(("name", "record", "expected"), BAD_RECORDS, ids=[c[0] for c in BAD_RECORDS])
+def test_each_malformed_record_is_quarantined_with_its_reason_and_costs_no_good_row(name, record, expected):
+    good = good_record(0)
+    frame = records_to_trajectory_frame([good, record, good_record(1)])
+    valid, quarantine = validate_frame(frame, TrajectorySchema, stage="ingest", row_labels=["a", "b", "c"])
+    assert valid["trajectory_id"].tolist() == [good["trajectory_id"], good_record(1)["trajectory_id"]], name
+    assert len(quarantine) == 1, quarantine["reason"].tolist()
+    row = quarantine.iloc[0]
+    assert row["reason"].startswith("b: ") and expected in row["reason"], row["reason"]
+    QuarantineSchema.validate(quarantine)
+    assert len(row["payload"]) < 5 * 1024 * 1024  # a huge cell is cut in the payload, with a marker
+    assert row["payload"].isascii()  # whatever the row held, the quarantine row is storable
+
+
+def test_nothing_is_coerced_on_the_way_in():
+    """What used to be converted silently: "False" → True, 1.7 → 1, reward true → 1.0, no policy → 'base'."""
+    frame = records_to_trajectory_frame([good_record(0) | {"level": 3.0}])  # 3.0 is exactly 3: kept
+    valid, quarantine = validate_frame(frame, TrajectorySchema)
+    assert quarantine.empty and valid["level"].tolist() == [3] and valid["level"].dtype == np.int64
+    assert valid["success"].tolist() == [True] and valid["policy_version"].tolist() == ["base"]
+    back = frame_to_trajectories(valid)[0]
+    assert back.to_dict() == good_record(0) | {"level": 3}
+
+
+def test_unknown_keys_quarantine_only_the_rows_that_carry_them():
+    rows = [good_record(i) for i in range(5)]
+    rows[2] = rows[2] | {"surprise": {"nested": [1, 2]}, "other": "x"}
+    valid, quarantine = validate_frame(records_to_trajectory_frame(rows), TrajectorySchema)
+    assert len(valid) == 4 and "surprise" not in valid.columns
+    reason = quarantine["reason"].iloc[0]
+    assert "unknown field 'surprise'" in reason and "unknown field 'other'" in reason
+    assert json.loads(quarantine["payload"].iloc[0])["surprise"] == {"nested": [1, 2]}  # the value is kept
+    assert json.loads(quarantine["payload"].iloc[0])["other"] == "x"
+    assert len(quarantine) == 1
+
+
+def test_identical_bad_rows_get_distinct_quarantine_ids_that_are_stable():
+    bad = good_record(7) | {"success": "False"}
+    frame = records_to_trajectory_frame([bad, good_record(1), dict(bad)])
+    _, q1 = validate_frame(frame, TrajectorySchema)
+    _, q2 = validate_frame(frame, TrajectorySchema)
+    assert len(q1) == 2 and q1["quarantine_id"].nunique() == 2
+    assert q1["quarantine_id"].tolist() == q2["quarantine_id"].tolist()
+
+
+def test_a_key_repeated_after_a_bad_first_row_keeps_the_good_row():
+    """The first row with a key is broken, the second is fine: the fine one is stored, not called a duplicate."""
+    first = good_record(3) | {"level": "one"}
+    valid, quarantine = validate_frame(records_to_trajectory_frame([first, good_record(3)]), TrajectorySchema)
+    assert valid["trajectory_id"].tolist() == [good_record(3)["trajectory_id"]]
+    assert "level: expected an integer" in quarantine["reason"].iloc[0]
+
+
+def test_cells_are_bounded_by_their_storage_types():
+    rows = [_indexed_row(0), _indexed_row(1, content_vector=[1e39] + [0.0] * 7 + [0.0] * (CONTENT_DIM - 8)),
+            _indexed_row(2, n_tokens=True), _indexed_row(3, embedder=7)]
+    valid, quarantine = validate_frame(pd.DataFrame(rows, dtype=object), IndexedExperienceSchema)
+    assert valid["experience_id"].tolist() == ["x0"]
+    reasons = _reasons(quarantine)
+    assert "content_vector_finite_float32_of_content_dim" in reasons["x1"]
+    assert "n_tokens: expected an integer, got the boolean true" in reasons["x2"]
+    assert "embedder: expected a string, got the integer 7" in reasons["x3"]
+
+
+def test_check_names_survive_inheritance_whatever_schema_is_built_first():
+    """pandera pops a check's name when a schema is first built; the experiences contract inherits the curated
+    one's checks, so its reasons used to say `_content_vector` when the curated schema came first."""
+    import subprocess
+    import sys
+
+    code = ("from data_contracts import ExperienceSchema as E, IndexedExperienceSchema as I\n"
+            "E.to_schema()\n"
+            "print(sorted(c.name for col in I.to_schema().columns.values() for c in col.checks))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    names = out.stdout.strip()
+    assert "content_vector_finite_float32_of_content_dim" in names and "messages_json_list_of_chat_messages" in names
+    assert "'_" not in names, names

@@ -61,3 +61,63 @@ def test_memory_commands_end_to_end(tmp_path, monkeypatch):
 
     status = last_json(lopd("status", "--json").stdout)
     assert status["tables"]["experiences"]["rows"] == 10 and status["tables"]["quarantine"]["rows"] == 2
+
+
+def test_ingest_quarantines_every_malformed_line_and_loses_no_good_row(tmp_path, monkeypatch):
+    """400 good lines with every adversarial record and line of tests/adversarial_rows.py between them (and
+    one bad line twice): the real `lopd memory ingest` stores the 400 and quarantines each bad line with its
+    line number and reason. A second ingest changes nothing."""
+    from adversarial_rows import BAD_LINES, BAD_RECORDS, good_record, jsonl_line
+
+    from lopd_core.memory.store import ExperienceStore
+
+    home = tmp_path / "ws"
+    lines: list[bytes] = [jsonl_line(good_record(i)) for i in range(400)]
+    expected: dict[int, str] = {}
+    bad = [(name, jsonl_line(record), reason) for name, record, reason in BAD_RECORDS] + BAD_LINES
+    bad.append(("the first bad line again, identical", bad[0][1], bad[0][2]))
+    bad.append(("a good row's trajectory_id again, on the last line", jsonl_line(good_record(5) | {"reward": 0.5}),
+                "duplicate_key: trajectory_id repeats an earlier row"))
+    for k, (_, raw, reason) in enumerate(bad):
+        at = (k * 7) % len(lines) if k < len(bad) - 1 else len(lines)
+        lines.insert(at, raw)
+        expected = {n + 1 if n >= at + 1 else n: r for n, r in expected.items()}
+        expected[at + 1] = reason
+    jsonl = tmp_path / "rollouts.jsonl"
+    jsonl.write_bytes(b"\n".join(lines) + b"\n\n")
+    env = {**os.environ, "LOPD_HOME": str(home)}
+    run = subprocess.run([sys.executable, "-m", "lopd_cli", "memory", "ingest", str(jsonl), "--profile", "smoke",
+                          "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = last_json(run.stdout)
+    assert (result["n_input"], result["n_inserted"], result["n_quarantined"]) == (400 + len(bad), 400, len(bad))
+
+    store = ExperienceStore(str(home / "lance"))
+    assert store.count("trajectories") == 400
+    stored = set(store.read("trajectories", columns=["trajectory_id"])["trajectory_id"])
+    assert stored == {good_record(i)["trajectory_id"] for i in range(400)}
+    quarantine = store.read("quarantine")
+    assert len(quarantine) == len(bad) and quarantine["quarantine_id"].is_unique
+    by_line = {}
+    for reason in quarantine["reason"]:
+        number, _, rest = reason.removeprefix("line ").partition(": ")
+        by_line[int(number)] = rest
+    missed = {n: (want, by_line.get(n)) for n, want in expected.items() if want not in (by_line.get(n) or "")}
+    assert not missed, missed
+    assert (quarantine["stage"] == "ingest").all()
+
+    monkeypatch.setenv("LOPD_HOME", str(home))
+    versions = (store.version("trajectories"), store.version("quarantine"))
+    res = CliRunner().invoke(app, ["memory", "ingest", str(jsonl), "--profile", "smoke", "--json"])
+    assert res.exit_code == 0, res.output
+    again = last_json(res.stdout)
+    assert (again["n_unchanged"], again["n_quarantined"]) == (400, len(bad))
+    assert (store.version("trajectories"), store.version("quarantine")) == versions
+
+
+def test_ingest_refuses_a_cycle_id_that_is_not_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOPD_HOME", str(tmp_path / "ws"))
+    jsonl = tmp_path / "x.jsonl"
+    jsonl.write_text("")
+    res = CliRunner().invoke(app, ["memory", "ingest", str(jsonl), "--profile", "smoke", "--cycle-id", "../c1"])
+    assert res.exit_code == 2 and "cycle id '../c1' is not allowed" in res.output

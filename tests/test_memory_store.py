@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -264,3 +266,46 @@ def test_a_real_tiny_model_episode_round_trips_through_the_store(tiny_model, tin
     assert store.write_trajectories([traj]).n_inserted == 1
     (back,) = store.read_trajectories()
     assert back == traj  # exact ids, mask and float log-probs
+
+
+# --------------------------------------------------------------------------------------------------
+# A row the storage refuses never costs the rows around it.
+def test_a_row_the_storage_refuses_is_quarantined_and_the_good_rows_are_stored(store, monkeypatch):
+    """The original failure: a token id ≥ 2³¹ passed the contract and crashed the int32 write, losing 400 rows.
+    The contract now bounds ids; here the bound is lifted to stand for any gap between contract and storage."""
+    import data_contracts.models as models
+
+    good = [make_trajectory(i) for i in range(400)]
+    unstorable = make_trajectory(999, token_ids=[11, 12, 13, 14, 2**31, 101, 102, 7])
+    assert store.write_trajectories([unstorable]).n_quarantined == 1  # the contract refuses it ...
+    monkeypatch.setattr(models, "MAX_TOKEN_ID", 2**40)  # ... a contract that did not would reach the storage
+    result = store.write_trajectories(good[:200] + [unstorable] + good[200:], cycle_id="c1")
+    assert (result.n_inserted, result.n_quarantined, store.count("trajectories")) == (400, 1, 400)
+    refused = store.read("quarantine", where="reason LIKE 'storage:%'")
+    assert refused["row_key"].tolist() == [unstorable.trajectory_id]
+    assert "ArrowInvalid" in refused["reason"].iloc[0] and "2147483648" in refused["reason"].iloc[0]
+    assert json.loads(refused["payload"].iloc[0])["token_ids"][4] == 2**31  # kept whole
+    # one quarantine row per bad row: its id hashes the row, so the storage's reason replaced the contract's
+    assert store.count("quarantine") == 1
+    v = store.version("quarantine")
+    again = store.write_trajectories(good + [unstorable], cycle_id="c1")  # idempotent: nothing new
+    assert not again.changed and again.n_quarantined == 1 and store.version("quarantine") == v
+
+
+def test_rows_an_older_table_schema_cannot_hold_are_quarantined_one_by_one(store):
+    """A table created with a narrower column (schema drift): the rows that fit are stored, the others
+    quarantined with the storage's error, in one write."""
+    import pyarrow as pa
+
+    from lopd_core.memory.store import arrow_schema
+
+    schema = arrow_schema("trajectories")
+    narrow = schema.set(schema.get_field_index("level"), pa.field("level", pa.int8(), nullable=False))
+    store.db.create_table("trajectories", schema=narrow)
+    rows = [make_trajectory(i, level=1) for i in range(50)] + [make_trajectory(60, level=300),
+                                                               make_trajectory(61, level=1000)]
+    result = store.write_trajectories(rows)
+    assert (result.n_inserted, result.n_quarantined) == (50, 2) and store.count("trajectories") == 50
+    refused = store.read("quarantine")
+    assert sorted(refused["row_key"]) == [rows[50].trajectory_id, rows[51].trajectory_id]
+    assert all(r.startswith("storage: LanceDB refused the row") for r in refused["reason"])

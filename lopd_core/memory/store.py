@@ -228,10 +228,16 @@ class ExperienceStore:
             found.update(zip(rows[key].to_pylist(), rows[ROW_HASH].to_pylist(), strict=True))
         return found
 
-    def upsert(self, name: str, frame: pd.DataFrame, *, vector_dim: int | None = None) -> WriteResult:
-        """Merge already-valid contract rows on the table key; only new or changed rows are written."""
-        import pyarrow as pa
+    def upsert(self, name: str, frame: pd.DataFrame, *, vector_dim: int | None = None, stage: str = "",
+               cycle_id: str = "") -> WriteResult:
+        """Merge already-valid contract rows on the table key; only new or changed rows are written.
 
+        A row the storage refuses never costs the others: when the batch write fails, each row is converted
+        on its own, the convertible ones are merged together (one by one if that fails again), and a row that
+        still fails is quarantined with the storage's error (``stage``/``cycle_id`` are recorded on it). If no
+        row at all can be written the error is not about a row (the disk, the table): it is raised. A
+        quarantine row the storage refuses is raised too (it has nowhere else to go).
+        """
         from data_contracts.models import CONTRACTS, contract_columns, contract_key, contract_volatile
 
         contract = CONTRACTS[name]
@@ -252,11 +258,73 @@ class ExperienceStore:
         result = WriteResult(name, tbl.version, n_input=len(records), n_inserted=len(fresh), n_updated=len(changed),
                              n_unchanged=len(records) - len(fresh) - len(changed))
         if fresh or changed:
-            schema = tbl.schema
-            data = pa.Table.from_pylist(fresh + changed, schema=schema)
-            tbl.merge_insert(key).when_matched_update_all().when_not_matched_insert_all().execute(data)
+            failed = self._merge_rows(tbl, name, key, fresh + changed)
+            if failed:
+                failed_keys = {str(r[key]) for r, _ in failed}
+                result.n_inserted -= sum(str(r[key]) in failed_keys for r in fresh)
+                result.n_updated -= sum(str(r[key]) in failed_keys for r in changed)
+                result.n_quarantined += self._quarantine_refused(name, key, columns, failed, stage=stage,
+                                                                 cycle_id=cycle_id)
             result.version = tbl.version
         return result
+
+    def _merge_rows(self, tbl, name: str, key: str, rows: list[dict[str, Any]]) -> list[tuple[dict, str]]:
+        """Merge ``rows``; return the (row, error) pairs the storage refused (see :meth:`upsert`)."""
+        import pyarrow as pa
+
+        def merge(batch: list[dict[str, Any]]) -> None:
+            data = pa.Table.from_pylist(batch, schema=tbl.schema)
+            tbl.merge_insert(key).when_matched_update_all().when_not_matched_insert_all().execute(data)
+
+        try:
+            merge(rows)
+            return []
+        except Exception as batch_error:  # noqa: BLE001 - narrowed below, row by row
+            schema = tbl.schema
+            failed: list[tuple[dict, str]] = []
+            convertible: list[dict[str, Any]] = []
+            for row in rows:
+                try:
+                    pa.Table.from_pylist([row], schema=schema)
+                    convertible.append(row)
+                except (pa.ArrowException, ValueError, TypeError, OverflowError) as err:
+                    failed.append((row, f"{type(err).__name__}: {err}"))
+            if not convertible:
+                return failed  # every row is unconvertible on its own: row problems, not the table's
+            refused: list[tuple[dict, str]] = []
+
+            def settle(batch: list[dict[str, Any]]) -> int:
+                """Merge ``batch``, halving it on failure down to single rows; return the rows written."""
+                try:
+                    merge(batch)
+                    return len(batch)
+                except Exception as err:  # noqa: BLE001 - reported with the row, or raised below
+                    if len(batch) == 1:
+                        refused.append((batch[0], f"{type(err).__name__}: {err}"))
+                        return 0
+                    mid = len(batch) // 2
+                    return settle(batch[:mid]) + settle(batch[mid:])
+
+            if not settle(convertible):
+                raise batch_error
+            return failed + refused
+
+    def _quarantine_refused(self, name: str, key: str, columns: list[str], failed: list[tuple[dict, str]], *,
+                            stage: str, cycle_id: str) -> int:
+        import pandas as pd
+
+        from data_contracts.models import preview
+        from data_contracts.validate import quarantine_rows
+
+        if name == "quarantine":
+            first, error = failed[0]
+            raise ValueError(f"the quarantine table refused {len(failed)} row(s), e.g. quarantine_id "
+                             f"{preview(first[key])}: {preview(error, 300)}")
+        bad = pd.DataFrame([{c: row[c] for c in columns} for row, _ in failed], columns=columns)
+        reasons = {i: {f"storage: LanceDB refused the row ({preview(error, 300)}); the contract let it through, "
+                       "so report it as a contract gap"} for i, (_, error) in enumerate(failed)}
+        self.write_quarantine(quarantine_rows(bad, reasons, contract=name, key=key, stage=stage, cycle_id=cycle_id))
+        return len(failed)
 
     def delete_keys(self, name: str, keys: list[str]) -> WriteResult:
         """Delete rows by key (no version when none of the keys is present)."""
@@ -272,22 +340,25 @@ class ExperienceStore:
         return WriteResult(name, tbl.version, n_input=len(keys), n_deleted=len(present))
 
     def write_validated(self, name: str, frame: pd.DataFrame, *, stage: str, cycle_id: str = "",
-                        max_bad_fraction: float | None = None, vector_dim: int | None = None) -> WriteResult:
+                        max_bad_fraction: float | None = None, vector_dim: int | None = None,
+                        row_labels: list[str] | None = None) -> WriteResult:
         """Validate against the table's contract, quarantine bad rows, upsert good ones; then apply the limit.
 
-        Both the valid rows and the quarantine rows are written *before* the bad-share limit can raise
-        :class:`data_contracts.StageQualityError`, so a failing stage still loses nothing.
+        Both the valid rows and the quarantine rows (those of the contract and those the storage refused, see
+        :meth:`upsert`) are written *before* the bad-share limit can raise
+        :class:`data_contracts.StageQualityError`, so a failing stage still loses nothing. ``row_labels`` (one
+        per row, e.g. ``"line 7"``) prefix the quarantine reasons.
         """
         from data_contracts.models import CONTRACTS
         from data_contracts.validate import enforce_bad_share, validate_frame
 
         contract = CONTRACTS[name]
-        valid, quarantine = validate_frame(frame, contract, stage=stage, cycle_id=cycle_id)
+        valid, quarantine = validate_frame(frame, contract, stage=stage, cycle_id=cycle_id, row_labels=row_labels)
         self.write_quarantine(quarantine)
-        result = self.upsert(name, valid, vector_dim=vector_dim)
-        result.n_input, result.n_quarantined = len(frame), len(quarantine)
+        result = self.upsert(name, valid, vector_dim=vector_dim, stage=stage, cycle_id=cycle_id)
+        result.n_input, result.n_quarantined = len(frame), len(quarantine) + result.n_quarantined
         if max_bad_fraction is not None:
-            enforce_bad_share(n_total=len(frame), n_bad=len(quarantine), limit=max_bad_fraction, stage=stage,
+            enforce_bad_share(n_total=len(frame), n_bad=result.n_quarantined, limit=max_bad_fraction, stage=stage,
                               contract=contract.Config.name, valid=valid, quarantine=quarantine)
         return result
 
@@ -296,7 +367,7 @@ class ExperienceStore:
 
     # ---------------------------------------------------------------------------------------------
     def write_trajectories(self, trajectories, *, stage: str = "rollouts", cycle_id: str = "",
-                           max_bad_fraction: float | None = None) -> WriteResult:
+                           max_bad_fraction: float | None = None, row_labels: list[str] | None = None) -> WriteResult:
         """Store rollouts (a list of :class:`Trajectory` or a trajectories frame), errored ones included."""
         import pandas as pd
 
@@ -304,7 +375,7 @@ class ExperienceStore:
 
         frame = trajectories if isinstance(trajectories, pd.DataFrame) else trajectories_to_frame(trajectories)
         return self.write_validated("trajectories", frame, stage=stage, cycle_id=cycle_id,
-                                    max_bad_fraction=max_bad_fraction)
+                                    max_bad_fraction=max_bad_fraction, row_labels=row_labels)
 
     def read_trajectories(self, *, where: str | None = None, version: int | None = None) -> list:
         from data_contracts.convert import frame_to_trajectories
