@@ -24,7 +24,11 @@ def test_distill_grpo_one_step_json(tmp_path, models_dir):
     assert summary["budget"]["episodes"] == 2 and summary["budget"]["pretraining_episodes"] == 4
     assert (tmp_path / "checkpoints" / "grpo-smoke" / "step_000000" / "manifest.json").exists()
     rows = [json.loads(line) for line in open(summary["metrics_path"])]
-    assert rows[0]["step"] == 0 and "rollout/success_rate" in rows[0] and "distill/student_grad_norm" in rows[0]
+    assert rows[0]["step"] == 0 and "rollout/success_rate" in rows[0]
+    if rows[0]["distill/updated"]:  # GRPO steps only when some group's rewards differ
+        assert "distill/student_grad_norm" in rows[0]
+    else:
+        assert rows[0]["grpo/zero_advantage_rate"] == 1.0
     # a second call resumes: nothing left to do, the same final artifacts
     again = lopd("distill", "--profile", "smoke", "--method", "grpo", "--steps", "1", "--json",
                  home=tmp_path, models_dir=models_dir)
