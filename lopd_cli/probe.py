@@ -117,44 +117,57 @@ def probe_teacher(
               "bank_families": sorted({t.family for t in bank.successes}), "teachers": {}}
     started = time.perf_counter()
     base_cache: dict = {}  # the base model's log-probs, shared by every teacher
+    def save() -> None:  # after every teacher, so a long probe's finished part is never lost
+        if out_file is not None:
+            out_file.parent.mkdir(parents=True, exist_ok=True)
+            out_file.write_text(json.dumps(report, indent=2) + "\n")
+
+    def record(name: str, row: dict) -> None:
+        report["teachers"][name] = row
+        err.print(f"  {_teacher_line(name, row)}", highlight=False)
+        save()
+
     for placement in wanted:
         pcfg = cfg.with_overrides({"distill.lopd.context_placement": placement})
         err.print(f"text teacher, {placement}…", highlight=False)
-        report["teachers"][f"text/{placement}"] = probe(pcfg, policies, suite_obj, rows, bank, composer=None,
-                                                        max_successes=max_successes, max_failures=max_failures,
-                                                        base_cache=base_cache)
-        report["teachers"][f"framing_only/{placement}"] = probe(pcfg, policies, suite_obj, rows, bank, composer=None,
-                                                                max_successes=max_successes, max_failures=max_failures,
-                                                                framing_only=True, base_cache=base_cache)
+        record(f"text/{placement}", probe(pcfg, policies, suite_obj, rows, bank, composer=None,
+                                          max_successes=max_successes, max_failures=max_failures, base_cache=base_cache))
+        record(f"framing_only/{placement}", probe(pcfg, policies, suite_obj, rows, bank, composer=None,
+                                                  max_successes=max_successes, max_failures=max_failures,
+                                                  framing_only=True, base_cache=base_cache))
         if agent_tasks:
             tasks = tasks_per_family(suite_obj, split="train", level=cfg.rollout.level,
                                      per_family=max(agent_tasks // 11, 1), seed=4242)[:agent_tasks]
             report["teachers"][f"text/{placement}"]["as_agent"] = text_teacher_as_agent(pcfg, policies, suite_obj,
                                                                                         tasks, bank)
+            save()
         composer_dir = composer
         if cold_start and composer_dir is None:
             composer_dir = workspace(cfg).home / "probe" / f"cold_start-{placement}"
             err.print(f"cold-starting a composer ({placement})…", highlight=False)
             result = cold_start_composer(pcfg, bank, suite_name=suite_name, out_dir=composer_dir, policies=policies)
             report.setdefault("cold_start", {})[placement] = result.to_dict()
+            save()
         if composer_dir is not None:
             state = load_composer_init(policies, pcfg, composer_dir)
             if state is None:
                 fail(f"{composer_dir} is not a trained composer")
             err.print(f"latent teacher, {placement}…", highlight=False)
-            report["teachers"][f"latent/{placement}"] = probe(pcfg, policies, suite_obj, rows, bank, composer=state,
-                                                              max_successes=max_successes, max_failures=max_failures,
-                                                              base_cache=base_cache)
+            record(f"latent/{placement}", probe(pcfg, policies, suite_obj, rows, bank, composer=state,
+                                                max_successes=max_successes, max_failures=max_failures,
+                                                base_cache=base_cache))
     report["seconds"] = round(time.perf_counter() - started, 1)
-    if out_file is not None:
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text(json.dumps(report, indent=2) + "\n")
+    save()
     if as_json:
         emit_json(report)
         return
     out.print(f"{report['episodes']} episodes, {report['bank_successes']} successes in the bank "
               f"({', '.join(report['bank_families'])})", highlight=False)
     for name, row in report["teachers"].items():
-        out.print(f"  {name:26s} δ successes {row['privilege_success']:+.3f}  failures {row['privilege_failure']:+.3f}  "
-                  f"first token {row['privilege_first_token']:+.3f} [{row['first_token_ci95_low']:+.3f}, "
-                  f"{row['first_token_ci95_high']:+.3f}]  ({row['successes']} / {row['failures']})", highlight=False)
+        out.print(f"  {_teacher_line(name, row)}", highlight=False)
+
+
+def _teacher_line(name: str, row: dict) -> str:
+    return (f"{name:26s} δ successes {row['privilege_success']:+.3f}  failures {row['privilege_failure']:+.3f}  "
+            f"first token {row['privilege_first_token']:+.3f} [{row['first_token_ci95_low']:+.3f}, "
+            f"{row['first_token_ci95_high']:+.3f}]  ({row['successes']} / {row['failures']})")
