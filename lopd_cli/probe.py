@@ -80,6 +80,7 @@ def probe_teacher(
     placements: Annotated[str, typer.Option(help="Comma-separated placements to probe (default: the config's).")] = "",
     max_successes: Annotated[int, typer.Option(help="At most this many successes scored.")] = 64,
     max_failures: Annotated[int, typer.Option(help="At most this many failures scored.")] = 64,
+    text: Annotated[bool, typer.Option("--text/--no-text", help="Probe the text-context teacher and its framing-only control.")] = True,
     agent_tasks: Annotated[int, typer.Option(help="Also play this many training tasks with the text context (0: skip).")] = 0,
     out_file: Annotated[Path | None, typer.Option("--out", help="Write the JSON result here too.")] = None,
     profile: Profile = "demo",
@@ -117,6 +118,7 @@ def probe_teacher(
               "bank_families": sorted({t.family for t in bank.successes}), "teachers": {}}
     started = time.perf_counter()
     base_cache: dict = {}  # the base model's log-probs, shared by every teacher
+
     def save() -> None:  # after every teacher, so a long probe's finished part is never lost
         if out_file is not None:
             out_file.parent.mkdir(parents=True, exist_ok=True)
@@ -129,18 +131,19 @@ def probe_teacher(
 
     for placement in wanted:
         pcfg = cfg.with_overrides({"distill.lopd.context_placement": placement})
-        err.print(f"text teacher, {placement}…", highlight=False)
-        record(f"text/{placement}", probe(pcfg, policies, suite_obj, rows, bank, composer=None,
-                                          max_successes=max_successes, max_failures=max_failures, base_cache=base_cache))
-        record(f"framing_only/{placement}", probe(pcfg, policies, suite_obj, rows, bank, composer=None,
-                                                  max_successes=max_successes, max_failures=max_failures,
-                                                  framing_only=True, base_cache=base_cache))
-        if agent_tasks:
-            tasks = tasks_per_family(suite_obj, split="train", level=cfg.rollout.level,
-                                     per_family=max(agent_tasks // 11, 1), seed=4242)[:agent_tasks]
-            report["teachers"][f"text/{placement}"]["as_agent"] = text_teacher_as_agent(pcfg, policies, suite_obj,
-                                                                                        tasks, bank)
-            save()
+        if text:
+            err.print(f"text teacher, {placement}…", highlight=False)
+            record(f"text/{placement}", probe(pcfg, policies, suite_obj, rows, bank, composer=None,
+                                              max_successes=max_successes, max_failures=max_failures, base_cache=base_cache))
+            record(f"framing_only/{placement}", probe(pcfg, policies, suite_obj, rows, bank, composer=None,
+                                                      max_successes=max_successes, max_failures=max_failures,
+                                                      framing_only=True, base_cache=base_cache))
+            if agent_tasks:
+                tasks = tasks_per_family(suite_obj, split="train", level=cfg.rollout.level,
+                                         per_family=max(agent_tasks // 11, 1), seed=4242)[:agent_tasks]
+                report["teachers"][f"text/{placement}"]["as_agent"] = text_teacher_as_agent(pcfg, policies, suite_obj,
+                                                                                            tasks, bank)
+                save()
         composer_dir = composer
         if cold_start and composer_dir is None:
             composer_dir = workspace(cfg).home / "probe" / f"cold_start-{placement}"
