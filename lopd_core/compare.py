@@ -309,10 +309,15 @@ class Comparison:
         state = self._state()
         if "base_eval" in state and "fields" in state["base_eval"]:
             return state["base_eval"]
+        tasks, started = self.eval_tasks(), time.perf_counter()
+        self.log(f"[base] scoring the base model on {len(tasks['test'])} held-out and {len(tasks['validation'])} "
+                 "validation tasks…")
         policies = build_policies(self.cfg, models_dir=self.ws.models_dir)
         rows = self.score(policies, label="base", full=True, weights="base")
         self.save_rows(self.root / "base", 0, rows)
         fields, metrics = self.point_fields(rows)
+        self.log(f"[base] held-out success {metrics['eval/success_rate']:.3f}, mean reward "
+                 f"{metrics['eval/mean_reward']:.3f} ({time.perf_counter() - started:.0f} s)")
         state["base_eval"] = {**metrics, "fields": fields}
         self._save_state(state)
         return state["base_eval"]
