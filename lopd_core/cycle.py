@@ -166,6 +166,16 @@ class CycleContext:
             self.record.owner["heartbeat"] = f"{time.time():.0f}"
             self.record.save(self.record_path)
 
+    def _fail_mlflow_run(self) -> None:
+        """The cycle's MLflow run, if this process holds it open, must not stay RUNNING after a failure."""
+        try:  # MLflow may be what failed
+            run = self.registry.find_run("lopd.cycle_id", self.cycle_id)
+            if run is not None and run.info.status == "RUNNING" and liveness.is_self(
+                    {k.removeprefix("lopd.owner."): v for k, v in run.data.tags.items()}):
+                self.registry.end_run(run.info.run_id, "FAILED", reason=self.record.error)
+        except Exception as e:
+            log.warning("cycle %s: could not mark its MLflow run FAILED: %s", self.cycle_id, e)
+
     def run_stage(self, name: str, fn) -> dict[str, Any]:
         """Run ``fn(self)`` once per cycle id; later calls return the recorded result.
 
@@ -188,12 +198,7 @@ class CycleContext:
             with self._record_lock:  # a beat may still be saving the record
                 self.record.state, self.record.error = CycleState.FAILED, f"{name}: {type(e).__name__}: {e}"
                 self.record.save(self.record_path)
-            if "mlflow_run_id" in self.__dict__:  # the stage opened the run: it must not stay RUNNING
-                try:
-                    self.registry.end_run(self.mlflow_run_id, "FAILED", reason=self.record.error)
-                except Exception as end_error:
-                    log.warning("cycle %s: could not mark MLflow run %s FAILED: %s", self.cycle_id,
-                                self.mlflow_run_id, end_error)
+            self._fail_mlflow_run()
             raise
         liveness.HEARTBEAT.stop(beat)
         with self._record_lock:

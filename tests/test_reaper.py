@@ -237,3 +237,30 @@ def test_slot_of_a_killed_holder_is_free_at_once_on_a_real_server(tmp_path):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_stage_that_raises_marks_its_record_and_mlflow_run_failed(smoke_config):
+    from lopd_core.cycle import CycleContext, CycleRecord, CycleState
+
+    def opens_then_fails(ctx):
+        ctx.registry.log_metrics(ctx.mlflow_run_id, {"x": 1.0})
+        raise ValueError("bad input")
+
+    def fails_before_touching_mlflow(ctx):
+        raise ValueError("bad input again")
+
+    ctx = CycleContext(smoke_config, "f1")
+    with pytest.raises(ValueError):
+        ctx.run_stage("rollouts", opens_then_fails)
+    run = ctx.registry.client.get_run(ctx.mlflow_run_id)
+    assert run.info.status == "FAILED" and "rollouts: ValueError: bad input" in run.data.tags["lopd.failed"]
+    # the retry (a new context, as a Prefect retry has) reopens the run, and fails it again
+    retry = CycleContext(smoke_config, "f1")
+    assert retry.mlflow_run_id == ctx.mlflow_run_id
+    assert retry.registry.client.get_run(ctx.mlflow_run_id).info.status == "RUNNING"
+    with pytest.raises(ValueError):
+        CycleContext(smoke_config, "f1").run_stage("rollouts", fails_before_touching_mlflow)
+    assert retry.registry.client.get_run(ctx.mlflow_run_id).info.status == "FAILED"
+    record = CycleRecord.load(ctx.record_path, "f1")
+    assert record.state == CycleState.FAILED and record.owner["pid"] == str(os.getpid())
+
