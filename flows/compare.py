@@ -19,7 +19,7 @@ from typing import Any
 
 from prefect import flow, task
 
-from flows.common import config, training_slot, transient
+from flows.common import claim_flow_run, config, reap_crashed, training_slot, transient
 
 
 def _comparison(profile: str, overrides: list[str], params: dict[str, Any]):
@@ -61,6 +61,8 @@ def compare_flow(suite: str = "toolworld", methods: str = "lopd,grpo,opsd,sdpo,s
               "ablations": ablations, "eval_every": eval_every, "eval_tasks": eval_tasks,
               "seed_episodes": seed_episodes, "bank_episodes": list(bank_episodes or []), "root": root}
     comp, specs = _comparison(profile, overrides, params)  # a bad plan fails here, before any work
+    claim_flow_run()
+    reap_crashed(comp.cfg)
     with training_slot(comp.cfg.cycle.concurrency_limit_name, comp.ws.home):
         bank_task(profile, overrides, params)
         runs = [run_task.with_options(task_run_name=f"run-{spec.key}")(profile, overrides, params, spec.key)

@@ -3,7 +3,9 @@
 Why: each cycle turns the agent's newest experience into a better (or, by the gate, unchanged) champion.
 How: every stage is a task over :mod:`lopd_core.cycle` (idempotent on ``cycle_id``, so a re-run resumes
 after the last completed stage and distillation resumes from its checkpoint); the distill stage holds the
-global concurrency limit ``cycle.concurrency_limit_name`` so two cycles never train at once. The flow
+global concurrency limit ``cycle.concurrency_limit_name`` so two cycles never train at once. Before the
+first stage the flow labels its run with its process and reaps what killed processes left running
+(``flows.common.reap_crashed``: their MLflow runs, cycle records, flow runs and training slot). The flow
 publishes the cycle report (markdown), a table of sample trajectories and the learning curve as artifacts.
 
 Run it:  ``lopd cycle --profile demo``  (ephemeral Prefect, no server), or ``python -m flows.cycle``;
@@ -16,7 +18,7 @@ from datetime import UTC, datetime
 
 from prefect import flow
 
-from flows.common import config, training_slot
+from flows.common import claim_flow_run, config, reap_crashed, training_slot
 from flows.stages import stage
 
 
@@ -32,6 +34,8 @@ def cycle_flow(profile: str = "demo", overrides: list[str] | None = None, cycle_
     overrides = overrides or []
     cycle_id = cycle_id or new_cycle_id()
     cfg = config(profile, overrides)
+    claim_flow_run()
+    reap_crashed(cfg)
     refs = {name: stage(name, profile, overrides, cycle_id) for name in ("rollouts", "curate", "index")}
     with training_slot(cfg.cycle.concurrency_limit_name, Workspace.from_config(cfg.workspace).ensure().home):
         refs["distill"] = stage("distill", profile, overrides, cycle_id)

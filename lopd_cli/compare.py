@@ -51,6 +51,11 @@ def compare(
     except ValueError as e:
         fail(f"--{e}", code=2)
     ws = workspace(cfg)
+    if not report_only:  # runs a killed comparison left RUNNING are marked KILLED before it resumes them
+        from lopd_core.operations import reap
+
+        for r in reap(cfg)["mlflow_runs"]:
+            log(f"reaper: MLflow run {r['run_name'] or r['run_id']} marked KILLED: {r['reason']}")
     root = root or ws.home / "compare" / suite
     report_dir = report_dir or Path("reports") / f"{suite}-{date.today().isoformat()}"
     try:

@@ -1,8 +1,9 @@
 """`lopd cycle|serve|backfill|evaluate|promote|rollback`: the continual-learning cycle and its registry.
 
-These commands run the Prefect flows of ``flows/`` (ephemeral Prefect when no PREFECT_API_URL is set) —
-``lopd cycle`` is one ``lopd-cycle`` flow run — and print a summary (``--json``: one JSON object on the last
-line of stdout).
+These commands run the Prefect flows of ``flows/`` — ``lopd cycle`` is one ``lopd-cycle`` flow run — and
+print a summary (``--json``: one JSON object on the last line of stdout). Without PREFECT_API_URL they start
+Prefect's temporary API server as a child that dies with the command, even when it is killed
+(``flows.common.prefect_environment``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from rich.table import Table
 from lopd_cli.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, log, out
 
 
-def _prefect(profile: str, overrides: list[str] | None):
+def _prefect(profile: str, overrides: list[str] | None, *, temporary_server: bool = True):
     """Config + Prefect pointed at the workspace (must happen before a flow runs)."""
     cfg = load(profile, overrides)  # a bad config exits here with the field named
     from flows.common import prefect_environment
 
-    return cfg, prefect_environment(profile, overrides)
+    return cfg, prefect_environment(profile, overrides, temporary_server=temporary_server)
 
 
 def _ui_hints(ws) -> list[str]:
@@ -84,10 +85,10 @@ def cycle(
 
 def serve(profile: Profile = "demo", set_: Overrides = None):
     """Register and serve the Prefect deployments (lopd-cycle on its schedule, backfill, evaluate, promote, rollback)."""
-    import os
+    _prefect(profile, set_, temporary_server=False)
+    from flows.common import real_server
 
-    _prefect(profile, set_)
-    if not os.environ.get("PREFECT_API_URL"):
+    if not real_server():
         fail("`lopd serve` needs a Prefect server: run `prefect server start` and set "
              "PREFECT_API_URL=http://127.0.0.1:4200/api (schedules do not run in ephemeral mode)")
     from flows.serve import serve as serve_deployments
@@ -139,14 +140,20 @@ def evaluate(
     out.print(table)
 
 
-def promote(profile: Profile = "demo", set_: Overrides = None, as_json: JsonFlag = False):
+def promote(
+    profile: Profile = "demo",
+    set_: Overrides = None,
+    force: Annotated[bool, typer.Option("--force", help="Promote @challenger even if it was rolled back (still "
+                                        "through the gate); recorded on the pair.")] = False,
+    as_json: JsonFlag = False,
+):
     """Run the promotion gate on @challenger vs @champion (a `lopd-promote` flow run)."""
     _prefect(profile, set_)
     from flows.promote import promote_flow
 
     try:
-        result = promote_flow(profile, list(set_ or []))
-    except ValueError as e:
+        result = promote_flow(profile, list(set_ or []), force)
+    except (ValueError, RuntimeError, TimeoutError) as e:
         fail(str(e))
     emit_json(result) if as_json else out.print(result["decision"], highlight=False)
 
@@ -158,7 +165,7 @@ def rollback(profile: Profile = "demo", set_: Overrides = None, as_json: JsonFla
 
     try:
         result = rollback_flow(profile, list(set_ or []))
-    except RuntimeError as e:
+    except (RuntimeError, TimeoutError) as e:
         fail(str(e))
     if as_json:
         emit_json(result)

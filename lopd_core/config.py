@@ -431,14 +431,30 @@ class RegistryConfig(_Section):
     """Registered model name of the student."""
     composer_model: str = "lopd-composer"
     """Registered model name of the composer."""
-    gate_margin: float = Field(0.01, ge=-1.0, le=1.0)
-    """Promote only when challenger − champion held-out success ≥ this (0.01: a tie keeps the champion)."""
+    gate_margin: float = Field(0.01, ge=0.0, le=1.0)
+    """Promote only when challenger − champion held-out success ≥ this (0.01: a tie keeps the champion; ≥ 0, so
+    the gate never promotes a challenger that scored lower than the champion)."""
     max_forgetting: float = Field(0.1, ge=0.0)
     """Largest allowed drop on the forgetting probe (probe success drop, or NLL increase in nats/token)."""
     max_length_drift: float = Field(0.5, ge=0.0)
     """Largest allowed relative change of mean response length vs the champion."""
     max_format_drift: float = Field(0.15, ge=0.0, le=1.0)
     """Largest allowed increase of the malformed-tool-call rate vs the champion."""
+    heartbeat_seconds: float = Field(30.0, gt=0.0)
+    """A running process refreshes the heartbeat of its MLflow runs and cycle records this often."""
+    stale_after_seconds: float = Field(600.0, gt=0.0)
+    """A run left RUNNING by a process on another host is marked crashed once its heartbeat is this old
+    (on this host a dead pid is enough)."""
+    lock_timeout_seconds: float = Field(120.0, gt=0.0)
+    """Longest wait for the registry lock (held by promote, rollback and pair registration, seconds each)."""
+
+    @model_validator(mode="after")
+    def _stale_after_heartbeats(self) -> RegistryConfig:
+        if self.stale_after_seconds < 3 * self.heartbeat_seconds:
+            raise ValueError(f"registry.stale_after_seconds ({self.stale_after_seconds:g}) must be at least 3 x "
+                             f"registry.heartbeat_seconds ({self.heartbeat_seconds:g}), or a live run on another "
+                             "host could be taken for a crashed one")
+        return self
 
 
 class CycleConfig(_Section):

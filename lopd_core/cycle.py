@@ -7,7 +7,13 @@ run ids, model versions), never tensors. Stages are **idempotent on the cycle id
 recorded in ``<workspace>/runs/<cycle_id>/cycle.json`` and returns its recorded result when run again;
 writes are keyed upserts (trajectory ids are ``<cycle>/<stage>/<index>``), registration is keyed by the
 cycle id, and distillation resumes from its last checkpoint — so a crash anywhere resumes from the last
-completed stage / step, and re-running a finished cycle changes nothing.
+completed stage / step, and re-running a finished cycle changes nothing. A stage in progress stamps the
+record with its owner (pid, host, heartbeat; :mod:`lopd_core.liveness`), so that a cycle whose process was
+killed is found by :func:`reap_cycle_records` and marked ``crashed``.
+
+The promote stage compares the challenger with the champion *as it is at promotion time*: the champion
+scored at evaluate time when @champion has not moved since, else the current champion evaluated again
+(:func:`lopd_core.registry.run_gate`, with the registry's lock and compare-and-set).
 
 Lineage (docs/method.md, "Across continual-learning cycles"): rollouts always use ``@champion``; the
 teacher and the composer's encoder backbone are the configured base model of the whole lineage (tag
@@ -26,22 +32,34 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from lopd_core import liveness
 from lopd_core.config import Config, check_cycle_id
 from lopd_core.envs import get_suite
-from lopd_core.evaluation import episode_metrics
+from lopd_core.evaluation import episode_metrics, other_suite
 from lopd_core.memory.curation import curate_store
 from lopd_core.memory.indexing import index_store
 from lopd_core.memory.store import ExperienceStore
 from lopd_core.metrics import numeric
 from lopd_core.recipe import bank_from_store, cold_start_composer, evaluate_policy, seed_episodes
 from lopd_core.records.experience import Bank
-from lopd_core.registry import ModelRegistry, decide_promotion, is_base_marker
+from lopd_core.registry import (
+    FORGETTING,
+    LENGTH,
+    MALFORMED,
+    PROBE,
+    SUCCESS,
+    ModelRegistry,
+    PairVersion,
+    is_base_marker,
+    run_gate,
+)
 from lopd_core.training import build_policies, load_student_init, needs_composer, train
 from lopd_core.workspace import Workspace
 
@@ -54,6 +72,8 @@ class CycleState(enum.StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
+    CRASHED = "crashed"
+    """Its process died mid-stage (found by :func:`reap_cycle_records`); re-running the cycle id resumes it."""
 
 
 @dataclass
@@ -67,6 +87,8 @@ class CycleRecord:
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
     error: str = ""
+    owner: dict[str, str] = field(default_factory=dict)
+    """The process running (or that last ran) a stage: pid, host, boot, start, heartbeat, flow_run_id."""
 
     @classmethod
     def load(cls, path: Path, cycle_id: str) -> CycleRecord:
@@ -112,6 +134,7 @@ class CycleContext:
         self.dir = self.ws.runs_dir / cycle_id
         self.record_path = self.dir / "cycle.json"
         self.record = CycleRecord.load(self.record_path, cycle_id)
+        self._record_lock = threading.Lock()
 
     @cached_property
     def store(self):
@@ -128,29 +151,64 @@ class CycleContext:
     @cached_property
     def mlflow_run_id(self) -> str:
         return self.registry.cycle_run(self.cycle_id, params=_params(self.cfg, self.cycle_id),
-                                       config=self.cfg.model_dump(mode="json"))
+                                       config=self.cfg.model_dump(mode="json"), flow_run_id=self.flow_run_id)
 
     def champion(self):
         return self.registry.bootstrap_base(self.cfg.model.base, config_hash=self.cfg.hash())
 
+    def _save(self) -> None:
+        with self._record_lock:
+            self.record.save(self.record_path)
+
+    def _beat(self) -> None:
+        with self._record_lock:
+            self.record.owner["heartbeat"] = f"{time.time():.0f}"
+            self.record.save(self.record_path)
+
+    def _fail_mlflow_run(self) -> None:
+        """The cycle's MLflow run, if this process holds it open, must not stay RUNNING after a failure."""
+        try:  # MLflow may be what failed
+            run = self.registry.find_run("lopd.cycle_id", self.cycle_id)
+            if run is not None and run.info.status == "RUNNING" and liveness.is_self(
+                    {k.removeprefix("lopd.owner."): v for k, v in run.data.tags.items()}):
+                self.registry.end_run(run.info.run_id, "FAILED", reason=self.record.error)
+        except Exception as e:
+            log.warning("cycle %s: could not mark its MLflow run FAILED: %s", self.cycle_id, e)
+
     def run_stage(self, name: str, fn) -> dict[str, Any]:
-        """Run ``fn(self)`` once per cycle id; later calls return the recorded result."""
+        """Run ``fn(self)`` once per cycle id; later calls return the recorded result.
+
+        While it runs, the record names this process as its owner and a heartbeat refreshes it; a stage that
+        raises marks the record and the cycle's MLflow run FAILED with the error.
+        """
         if name in self.record.stages:
             log.info("cycle %s: stage %s already completed, reusing its result", self.cycle_id, name)
             return self.record.stages[name]
+        self.record.owner = {**liveness.owner(), "flow_run_id": self.flow_run_id, "stage": name}
+        self.record.state, self.record.error = CycleState.RUNNING, ""
+        self._save()
+        beat = f"cycle:{self.record_path}"
+        liveness.HEARTBEAT.start(beat, self._beat, self.cfg.registry.heartbeat_seconds)
         started = time.perf_counter()
         try:
             result = fn(self)
         except BaseException as e:
-            self.record.state, self.record.error = CycleState.FAILED, f"{name}: {type(e).__name__}: {e}"
-            self.record.save(self.record_path)
+            liveness.HEARTBEAT.stop(beat)
+            with self._record_lock:  # a beat may still be saving the record
+                self.record.state, self.record.error = CycleState.FAILED, f"{name}: {type(e).__name__}: {e}"
+                self.record.save(self.record_path)
+            self._fail_mlflow_run()
             raise
-        self.record.timings[name] = round(time.perf_counter() - started, 2)
-        self.record.stages[name] = result
-        self.record.state, self.record.error = CycleState.RUNNING, ""
-        if name == STAGES[-1]:
-            self.record.state, self.record.finished_at = CycleState.COMPLETED, time.time()
-        self.record.save(self.record_path)
+        liveness.HEARTBEAT.stop(beat)
+        with self._record_lock:
+            self.record.timings[name] = round(time.perf_counter() - started, 2)
+            self.record.stages[name] = result
+            self.record.state, self.record.error = CycleState.RUNNING, ""
+            if "mlflow_run_id" in self.__dict__:
+                self.record.owner["mlflow_run_id"] = self.mlflow_run_id
+            if name == STAGES[-1]:
+                self.record.state, self.record.finished_at = CycleState.COMPLETED, time.time()
+            self.record.save(self.record_path)
         return result
 
 
@@ -309,14 +367,35 @@ def stage_evaluate(ctx: CycleContext) -> dict[str, Any]:
             "champion_composer": champion.composer}
 
 
+def gate_metrics(cfg: Config) -> tuple[str, ...]:
+    """The metrics the gate requires on both sides: the evaluation always measures success, length and
+    malformed calls; the probe suite and the general-prompt NLL only when the ``evaluate`` config runs them."""
+    required = [SUCCESS, LENGTH, MALFORMED]
+    probe = cfg.evaluate.probe_suite if cfg.evaluate.probe_suite != "auto" else other_suite(cfg.rollout.suite)
+    if probe and cfg.evaluate.probe_n_tasks:
+        required.append(PROBE)
+    if cfg.evaluate.probe_prompts:
+        required.append(FORGETTING)
+    return tuple(required)
+
+
+def _score_champion(ctx: CycleContext, champion: PairVersion) -> dict[str, float]:
+    """Evaluate the current champion the way the evaluate stage did (same tasks, same probe)."""
+    source = ctx.registry.download("student", champion.student)
+    base = is_base_marker(source)
+    policies = _policies(ctx, None if base else champion.student)
+    return _evaluate_student(ctx, policies, "champion", f"student-v{champion.student}", use_base_weights=base)
+
+
 def stage_promote(ctx: CycleContext) -> dict[str, Any]:
-    """Register the pair (@challenger), run the gate, move @champion when it passes; write the report."""
+    """Register the pair (@challenger), run the gate against the current champion, move @champion when it
+    passes (compare-and-set under the registry lock); write the report."""
     from data_contracts import SCHEMA_VERSION
 
     distill, evaluation = ctx.record.stages["distill"], ctx.record.stages["evaluate"]
-    champion_before = ctx.champion()
+    ctx.champion()  # a fresh registry (its record lost) bootstraps before anything compares with it
     composer_dir = Path(distill["composer_dir"]) if distill["composer_dir"] else \
-        ctx.registry.download("composer", champion_before.composer)
+        ctx.registry.download("composer", evaluation["champion_composer"])
     pair = ctx.registry.register_pair(
         Path(distill["student_dir"]), composer_dir, run_id=ctx.mlflow_run_id, cycle_id=ctx.cycle_id,
         tags={"experience_table_version": distill["experiences_version"], "data_contract_version": SCHEMA_VERSION,
@@ -324,15 +403,32 @@ def stage_promote(ctx: CycleContext) -> dict[str, Any]:
               "base_model": ctx.cfg.model.base, "method": ctx.cfg.distill.method,
               "eval_summary": json.dumps({k: round(v, 4) for k, v in evaluation["challenger"].items()})})
     ctx.registry.set_challenger(pair)
-    decision = decide_promotion(evaluation["challenger"], evaluation["champion"], ctx.cfg.registry)
-    if decision.promote:
-        ctx.registry.promote(pair, decision=decision, flow_run_id=ctx.flow_run_id)
-    champion_after = ctx.registry.champion()
-    ctx.registry.log_metrics(ctx.mlflow_run_id, {"gate/promoted": float(decision.promote),
+    rescored: dict[str, dict[str, float]] = {}
+
+    def champion_metrics(champion: PairVersion) -> dict[str, float]:
+        if champion.student == str(evaluation["champion_student"]):
+            return evaluation["champion"]
+        log.info("cycle %s: @champion moved from student v%s to v%s since the evaluate stage; evaluating it again",
+                 ctx.cycle_id, evaluation["champion_student"], champion.student)
+        rescored[champion.student] = _score_champion(ctx, champion)
+        return rescored[champion.student]
+
+    outcome = run_gate(ctx.registry, pair, evaluation["challenger"], champion_metrics,
+                       required=gate_metrics(ctx.cfg), flow_run_id=ctx.flow_run_id)
+    decision = outcome.decision
+    ctx.registry.tag_pair(pair, {"gate": decision.summary()[:4000]})
+    champion_after = outcome.champion_after or ctx.registry.champion()
+    compared = outcome.champion_before
+    ctx.registry.log_metrics(ctx.mlflow_run_id, {"gate/promoted": float(outcome.promoted),
                                                  **{f"gate/{k}": float(v) for k, v in decision.checks.items()}})
-    result = {"student_version": pair.student, "composer_version": pair.composer, "promoted": decision.promote,
-              "decision": decision.summary(), "champion_before": champion_before.student,
-              "champion_after": champion_after.student, "mlflow_run_id": ctx.mlflow_run_id}
+    result = {"student_version": pair.student, "composer_version": pair.composer,
+              "promoted": champion_after is not None and champion_after.student == pair.student,
+              "decision": decision.summary(),
+              "champion_before": compared.student if compared is not None else None,
+              "champion_evaluated": str(evaluation["champion_student"]),
+              "champion_rescored": rescored, "gate_attempts": outcome.attempts,
+              "champion_after": champion_after.student if champion_after is not None else None,
+              "mlflow_run_id": ctx.mlflow_run_id}
     report = cycle_report(ctx, result)
     (ctx.dir / "report.md").write_text(report)
     ctx.registry.log_artifact_text(ctx.mlflow_run_id, report, "report.md")
@@ -351,6 +447,30 @@ def run_stage(cfg: Config, cycle_id: str, stage: str, *, flow_run_id: str = "") 
     """Run one stage of a cycle (what every flow task calls)."""
     ctx = CycleContext(cfg, cycle_id, flow_run_id=flow_run_id)
     return ctx.run_stage(stage, STAGE_FUNCTIONS[stage])
+
+
+def reap_cycle_records(ws: Workspace, *, stale_after: float) -> list[dict[str, str]]:
+    """Mark ``crashed`` the cycle records left ``running`` by a process that is gone; returns them."""
+    out = []
+    for path in sorted(ws.runs_dir.glob("*/cycle.json")):
+        try:
+            record = CycleRecord.load(path, path.parent.name)
+        except (ValueError, TypeError, KeyError) as e:
+            log.warning("unreadable cycle record %s: %s", path, e)
+            continue
+        if record.state != CycleState.RUNNING or not record.owner:
+            continue
+        reason = liveness.dead_reason(record.owner, stale_after=stale_after)
+        if not reason:
+            continue
+        stage = record.owner.get("stage", "")
+        record.state = CycleState.CRASHED
+        record.error = (f"crashed{f' in {stage}' if stage else ''}: {reason} (re-run with --cycle-id "
+                        f"{record.cycle_id} to resume)")
+        record.save(path)
+        out.append({"cycle_id": record.cycle_id, "reason": reason, "stage": stage,
+                    "flow_run_id": record.owner.get("flow_run_id", "")})
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -391,6 +511,10 @@ def cycle_report(ctx: CycleContext, promote: dict[str, Any]) -> str:
              f"**Decision:** {promote['decision']}", "",
              f"Pair registered: student v{promote['student_version']} / composer v{promote['composer_version']} "
              f"(@challenger); @champion is student v{promote['champion_after']}.", "",
+             *([f"@champion moved after the evaluate stage (student v{promote['champion_evaluated']}); the gate "
+                f"compared with student v{promote['champion_before']}"
+                + (", evaluated again" if promote.get("champion_rescored") else "") + ".", ""]
+               if promote.get("champion_before") not in (None, promote.get("champion_evaluated")) else []),
              "| metric | champion | challenger |", "|---|---|---|"]
     for k in rows:
         a, b = ev["champion"].get(k), ev["challenger"].get(k)

@@ -6,7 +6,11 @@ and the matching CLI commands. Like the cycle stages they return small dicts and
 - ``evaluate_version`` stores its episodes in the ``evaluations`` table keyed by the version and tags the
   student version with ``eval_summary`` (re-running overwrites the same rows and tag);
 - ``promote_challenger`` re-uses the ``eval_summary`` tags (evaluating a version that has none) and only
-  moves ``@champion`` when the gate passes;
+  moves ``@champion`` when the gate passes against the champion of that moment (compare-and-set under the
+  registry lock); a rolled-back challenger needs ``force``;
+- ``rollback`` re-points ``@champion`` under the same lock and marks the old champion rolled back;
+- ``reap`` marks crashed what a killed process left running (MLflow runs, cycle records) and repairs a
+  lagging composer alias; ``flows.common.reap_crashed`` adds the Prefect side;
 - ``backfill`` re-curates and re-indexes the trajectories of a window of past cycles (e.g. after a new
   curation rule or embedder); rows that do not change are not rewritten, so running it twice is a no-op.
 """
@@ -17,10 +21,10 @@ import json
 from typing import Any
 
 from lopd_core.config import Config
-from lopd_core.cycle import CycleContext, _evaluate_student, _policies
+from lopd_core.cycle import CycleContext, _evaluate_student, _policies, gate_metrics, reap_cycle_records
 from lopd_core.memory.curation import curate_store
 from lopd_core.memory.indexing import index_store
-from lopd_core.registry import ModelRegistry, PairVersion, decide_promotion, is_base_marker
+from lopd_core.registry import ModelRegistry, PairVersion, is_base_marker, run_gate
 from lopd_core.workspace import Workspace
 
 
@@ -56,6 +60,7 @@ def evaluate_version(cfg: Config, ref: str = "champion") -> dict[str, Any]:
                                  json.dumps({k: round(v, 4) for k, v in metrics.items()}))
     run_id = ctx.registry.cycle_run(f"eval-student-v{student}")
     ctx.registry.log_metrics(run_id, metrics)
+    ctx.registry.end_run(run_id)
     return {"student_version": student, "composer_version": composer, "metrics": metrics, "mlflow_run_id": run_id}
 
 
@@ -66,29 +71,47 @@ def _summary(registry: ModelRegistry, cfg: Config, student: str) -> dict[str, fl
     return evaluate_version(cfg, student)["metrics"]
 
 
-def promote_challenger(cfg: Config, *, flow_run_id: str = "") -> dict[str, Any]:
-    """The gate on @challenger vs @champion (evaluating whichever has no stored summary)."""
+def promote_challenger(cfg: Config, *, flow_run_id: str = "", force: bool = False) -> dict[str, Any]:
+    """The gate on @challenger vs @champion (evaluating whichever has no stored summary).
+
+    ``force`` promotes a challenger that was rolled back (still through the gate); it is recorded on the pair.
+    """
 
     ctx = _ops_context(cfg, "promote")
-    champion, challenger = ctx.champion(), ctx.registry.challenger()
+    ctx.champion()  # bootstraps a fresh registry
+    challenger = ctx.registry.challenger()
     if challenger is None:
         raise ValueError("there is no @challenger to promote; run a cycle (or its distill stage) first")
-    if challenger.student == champion.student:
-        return {"promoted": False, "decision": "challenger is already the champion", "champion": champion.student}
-    decision = decide_promotion(_summary(ctx.registry, cfg, challenger.student),
-                                _summary(ctx.registry, cfg, champion.student), cfg.registry)
-    if decision.promote:
-        ctx.registry.promote(PairVersion(challenger.student, challenger.composer), decision=decision,
-                             flow_run_id=flow_run_id)
-    return {"promoted": decision.promote, "decision": decision.summary(), "challenger": challenger.student,
-            "champion": ctx.registry.champion().student}
+    outcome = run_gate(ctx.registry, PairVersion(challenger.student, challenger.composer),
+                       _summary(ctx.registry, cfg, challenger.student),
+                       lambda champion: _summary(ctx.registry, cfg, champion.student),
+                       required=gate_metrics(ctx.cfg), flow_run_id=flow_run_id, force=force)
+    ctx.registry.tag_pair(challenger, {"gate": outcome.decision.summary()[:4000]})
+    after = outcome.champion_after or ctx.registry.champion()
+    return {"promoted": outcome.promoted, "decision": outcome.decision.summary(), "challenger": challenger.student,
+            "compared_with": outcome.champion_before.student if outcome.champion_before else None,
+            "forced": force, "champion": after.student if after else None}
 
 
-def rollback(cfg: Config) -> dict[str, Any]:
+def rollback(cfg: Config, *, flow_run_id: str = "") -> dict[str, Any]:
+    """Re-point @champion to the pair it replaced; the old champion is marked rolled back."""
     ctx = _ops_context(cfg, "rollback")
-    old, new = ctx.registry.rollback()
+    old, new = ctx.registry.rollback(flow_run_id=flow_run_id)
     return {"rolled_back": {"student": old.student, "composer": old.composer},
             "champion": {"student": new.student, "composer": new.composer}}
+
+
+def reap(cfg: Config) -> dict[str, Any]:
+    """What killed processes left behind, marked crashed: MLflow runs (KILLED), cycle records (crashed);
+    a composer alias lagging its pair record is repaired. Returns what was found, with the Prefect flow
+    runs they belonged to."""
+    ws = Workspace.from_config(cfg.workspace).ensure()
+    registry = ModelRegistry.from_workspace(ws, cfg.registry)
+    runs = registry.reap_runs()
+    cycles = reap_cycle_records(ws, stale_after=cfg.registry.stale_after_seconds)
+    repaired = registry.repair_aliases()
+    flow_run_ids = sorted({r["flow_run_id"] for r in runs + cycles if r.get("flow_run_id")})
+    return {"mlflow_runs": runs, "cycles": cycles, "aliases_repaired": repaired, "flow_run_ids": flow_run_ids}
 
 
 def list_cycles(cfg: Config) -> list[str]:

@@ -1,5 +1,6 @@
 """The continual-learning cycle for real: `lopd cycle` subprocesses (ephemeral Prefect, LanceDB, MLflow) on
-the smoke profile (tiny model), consecutive cycles, re-runs, a crash mid-distillation, injected bad rows."""
+the smoke profile (tiny model), consecutive cycles, re-runs, a crash mid-distillation (SIGKILL: reaped and
+resumed), injected bad rows."""
 
 from __future__ import annotations
 
@@ -96,21 +97,39 @@ def test_pairs_carry_lineage_tags_and_rollback_restores(two_cycles, models_dir):
     out = last_json(lopd(home, models_dir, "rollback", "--json"))
     assert out["champion"]["student"] == first["champion"] and out["rolled_back"]["student"] == second["champion"]
     assert reg.champion().student == first["champion"]
+    # the next (scheduled) promote does not undo the operator's rollback: @challenger is the rolled-back pair
+    again = last_json(lopd(home, models_dir, "promote", "--json"))
+    assert not again["promoted"] and "rolled back" in again["decision"] and "--force" in again["decision"]
+    assert reg.champion().student == first["champion"]
+    from lopd_core.config import load_config
+    from lopd_core.operations import promote_challenger
+
+    cfg = load_config("smoke", {"workspace.home": str(home), "workspace.models_dir": str(models_dir)})
+    forced = promote_challenger(cfg, force=True, flow_run_id="operator")
+    assert forced["promoted"] and forced["forced"] and reg.champion().student == second["champion"]
+    assert "operator" in reg.version_tags("student", second["champion"])["forced"]
 
 
-def _kill_orphans(home: Path) -> None:
-    """Prefect's ephemeral server runs in its own session, so a SIGKILLed cycle leaves it behind; a crash
-    test must not leave the host with stray processes."""
+def _orphans(home: Path) -> list[int]:
+    """Processes of the workspace ``home`` still running (other than this one)."""
+    pids = []
     for proc_dir in Path("/proc").glob("[0-9]*"):
         try:
             environ = (proc_dir / "environ").read_bytes()
         except OSError:
             continue
         if f"LOPD_HOME={home}".encode() in environ and int(proc_dir.name) != os.getpid():
-            try:
-                os.kill(int(proc_dir.name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            pids.append(int(proc_dir.name))
+    return pids
+
+
+def _kill_orphans(home: Path) -> None:
+    """A crash test must not leave the host with stray processes, even when its assertion failed."""
+    for pid in _orphans(home):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def test_crash_in_distillation_resumes_from_checkpoint(tmp_path, models_dir):
@@ -124,11 +143,19 @@ def test_crash_in_distillation_resumes_from_checkpoint(tmp_path, models_dir):
     while time.time() < deadline and not list(ckpt_root.glob("step_000001")):
         assert proc.poll() is None, "the cycle ended before it could be interrupted"
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, as a crash would
+    os.kill(proc.pid, signal.SIGKILL)  # the main process only: what it started must die with it
     proc.wait()
-    _kill_orphans(home)
+    try:
+        deadline = time.time() + 20
+        while _orphans(home) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _orphans(home), "the temporary Prefect server (or another child) outlived the killed cycle"
+    finally:
+        _kill_orphans(home)
     rec = json.loads((home / "runs" / "k1" / "cycle.json").read_text())
     assert "distill" not in rec["stages"] and "index" in rec["stages"]
+    assert rec["state"] == "running" and rec["owner"]["pid"] == str(proc.pid) and rec["owner"]["stage"] == "distill"
+    killed_flow_run = rec["owner"]["flow_run_id"]
 
     summary = last_json(lopd(home, models_dir, "cycle", "--cycle-id", "k1", "--json", "--set", "distill.steps=4"))
     assert summary["state"] == "completed" and summary["distill_steps"] == 4
@@ -138,6 +165,15 @@ def test_crash_in_distillation_resumes_from_checkpoint(tmp_path, models_dir):
     distill_ids = sorted(i for i in ids if i.startswith("k1/distill/"))
     assert distill_ids == sorted(f"k1/distill/{s:04d}/{i:04d}" for s in range(4) for i in range(2))
     assert len(ids) == ids.nunique()
+    # the resumed cycle's reaper marked the killed attempt: its MLflow run (reopened, now finished) says why,
+    # and its Prefect flow run is Crashed
+    run = registry(home).client.get_run(rec["stages"]["promote"]["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and f"process {proc.pid}" in run.data.tags["lopd.crashed"]
+    import sqlite3
+
+    with sqlite3.connect(home / "prefect" / "prefect.db") as con:
+        state = con.execute("SELECT state_type FROM flow_run WHERE id = ?", (killed_flow_run,)).fetchone()[0]
+    assert state == "CRASHED"
 
 
 def test_malformed_rows_are_quarantined_and_the_cycle_completes(tmp_path, models_dir, monkeypatch):

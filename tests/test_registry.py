@@ -20,8 +20,9 @@ def _dirs(tmp_path, name):
     return s, c
 
 
-def _summary(success, length=50.0, malformed=0.0):
-    return {"eval/success_rate": success, "eval/mean_response_tokens": length, "eval/malformed_call_rate": malformed}
+def _summary(success, length=50.0, malformed=0.0, probe=0.5, forgetting=0.0):
+    return {"eval/success_rate": success, "eval/mean_response_tokens": length, "eval/malformed_call_rate": malformed,
+            "eval/probe_success_rate": probe, "eval/forgetting_delta": forgetting}
 
 
 def test_bootstrap_registers_base_as_v1_champion(registry):
