@@ -88,20 +88,20 @@ _TASK_ID = re.compile(r"/(?P<split>[^/]+)/L(?P<level>\d+)/s(?P<seed>-?\d+)/(?P<i
 def tasks_by_id(suite: Suite, task_ids) -> dict[str, Task]:
     """Recreate tasks from their ids (``<suite>/<split>/L<level>/s<seed>/<index>``, the built-in suites' form;
     other ids are left out). Each (split, level, seed) is generated once, up to its largest index."""
-    wanted: dict[tuple[str, int, int], dict[int, str]] = defaultdict(dict)
+    wanted: dict[tuple[str, int, int], dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
     for task_id in set(task_ids):
         m = _TASK_ID.search(task_id)
-        if m:
-            wanted[(m["split"], int(m["level"]), int(m["seed"]))][int(m["index"])] = task_id
+        if m:  # another suite's id can share (split, level, seed, index): keep every id, match by the whole id
+            wanted[(m["split"], int(m["level"]), int(m["seed"]))][int(m["index"])].add(task_id)
     out = {}
     for (split, level, seed), by_index in wanted.items():
         try:
             tasks = suite.tasks(split, max(by_index) + 1, level=level, seed=seed)  # type: ignore[arg-type]
         except (ValueError, KeyError):
             continue
-        for index, task_id in by_index.items():
-            if index < len(tasks) and tasks[index].task_id == task_id:
-                out[task_id] = tasks[index]
+        for index, ids in by_index.items():
+            if index < len(tasks) and tasks[index].task_id in ids:
+                out[tasks[index].task_id] = tasks[index]
     return out
 
 
