@@ -15,7 +15,9 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from lopd_core.config import Config
 from lopd_core.models.loading import load_causal_lm, load_tokenizer
+from lopd_core.models.policy import PolicySet
 from lopd_core.rollout.engines.base import Engine, Generation, SamplingParams
 from lopd_core.rollout.engines.hf import HFEngine
 from lopd_core.rollout.engines.vllm import VLLMEngine, _is_peft
@@ -78,13 +80,13 @@ def shared_vllm_engine(model_path: str | Path, *, dtype: str, device: str, max_m
     return engine
 
 
-def engine_dtype(cfg) -> str:
+def engine_dtype(cfg: Config) -> str:
     """The engine's weights dtype: ``rollout.engine_dtype``, or the model's (``model.dtype``)."""
     return cfg.model.dtype if cfg.rollout.engine_dtype == "model" else cfg.rollout.engine_dtype
 
 
 @contextlib.contextmanager
-def policy_engine(cfg, policies, *, weights: str = "student", version: str = ""):
+def policy_engine(cfg: Config, policies: PolicySet, *, weights: str = "student", version: str = ""):
     """An engine sampling from the student's (``weights="student"``) or the base weights, for one use.
 
     ``hf`` generates with the shared model inside the matching scope; ``vllm`` is the process's shared
