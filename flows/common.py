@@ -31,6 +31,7 @@ from pathlib import Path
 
 from lopd_core import liveness
 from lopd_core.config import Config, ConfigError, load_config
+from lopd_core.envs.sandbox import allow_uncontained
 from lopd_core.workspace import Workspace
 
 TEMPORARY_API_ENV = "LOPD_PREFECT_TEMPORARY_API"
@@ -86,7 +87,13 @@ def check_deployment_suites(cfg: Config, profile: str, suites: dict[str, str] | 
     ``suites``: more suite names a flow takes as its own parameters, by parameter name."""
     from lopd_core.envs import BUILTIN_SUITES
 
-    trusted = load_config(profile).rollout.suite_dirs
+    profile_rollout = load_config(profile).rollout
+    if cfg.rollout.allow_uncontained_sandbox and not profile_rollout.allow_uncontained_sandbox:
+        raise ConfigError(
+            "rollout.allow_uncontained_sandbox: a deployment parameter cannot turn it on (it lets model-written "
+            f"code run without full containment); set it in the profile '{profile}' on the worker"
+        )
+    trusted = profile_rollout.suite_dirs
     if cfg.rollout.suite_dirs != trusted:
         raise ConfigError(
             f"rollout.suite_dirs: a deployment parameter cannot change it (the profile '{profile}' says "
@@ -113,6 +120,7 @@ def config(profile: str, overrides: list[str] | None, *, suites: dict[str, str] 
     cfg = load_config(profile, overrides or [])
     if deployment_run():
         check_deployment_suites(cfg, profile, suites)
+    allow_uncontained(cfg.rollout.allow_uncontained_sandbox)
     return cfg
 def real_server() -> bool:
     """Whether PREFECT_API_URL names a real Prefect server (not a lopd process's temporary one)."""

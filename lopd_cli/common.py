@@ -21,12 +21,15 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object on
 def load(profile: str, overrides: list[str] | None):
     """Load the config or exit with the message that names the field."""
     from lopd_core.config import ConfigError, load_config
+    from lopd_core.envs.sandbox import allow_uncontained
 
     try:
-        return load_config(profile, overrides or [])
+        cfg = load_config(profile, overrides or [])
     except ConfigError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
+    allow_uncontained(cfg.rollout.allow_uncontained_sandbox)
+    return cfg
 
 
 def workspace(cfg):

@@ -127,6 +127,8 @@ class RolloutConfig(_Section):
     """Task suite: toolworld, codegen, humaneval, bfcl, or a path to a plug-in suite YAML."""
     suite_dirs: list[str] = []
     """Directories a plug-in suite (rollout.suite, evaluate.probe_suite) may come from when a flow is run through a Prefect deployment; empty = built-in suites only there. Set it in the profile file: deployment parameters cannot widen it. The CLI loads any path."""
+    allow_uncontained_sandbox: bool = False
+    """Run model-written code even where the sandbox cannot fully contain it (no root and no unprivileged user namespaces). Off: such code is refused and scores 0 with a verdict that names the missing protections. Set it in the profile file: a deployment parameter cannot turn it on."""
     level: int = Field(1, ge=1, le=5)
     """Difficulty level of the generated tasks (1 = easiest)."""
     engine: Literal["hf", "vllm"] = "hf"

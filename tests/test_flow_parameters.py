@@ -10,12 +10,14 @@ check is the first thing they do, so no Prefect server is needed.
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
 
 from lopd_core.config import ConfigError
 from lopd_core.envs.plugin import EXAMPLE_SUITE
+from lopd_core.envs.sandbox import ALLOW_UNCONTAINED_ENV
 
 
 def _plugin(folder, marker):
@@ -57,6 +59,8 @@ def test_deployment_parameters_cannot_name_a_plugin_suite_outside_suite_dirs(dep
          "rollout.suite_dirs"),
         (lambda: cycle_flow.fn("smoke", [f"rollout={{suite: {evil}, suite_dirs: [{tmp_path}]}}"], "c1"),
          "rollout.suite_dirs"),
+        (lambda: cycle_flow.fn("smoke", ["rollout.allow_uncontained_sandbox=true"], "c1"),
+         "rollout.allow_uncontained_sandbox"),
     ]
     messages = []
     for attempt, field in attempts:
@@ -65,7 +69,8 @@ def test_deployment_parameters_cannot_name_a_plugin_suite_outside_suite_dirs(dep
         messages.append(str(info.value))
         assert messages[-1].startswith(f"{field}: "), messages[-1]
     assert "add its directory there, or run it with the CLI" in messages[0]
-    assert "set it in the profile file on the worker" in messages[-1]
+    assert "set it in the profile file on the worker" in messages[-2]
+    assert "cannot turn it on" in messages[-1] and ALLOW_UNCONTAINED_ENV not in os.environ
     assert not marker.exists()  # nothing was imported
     assert not (tmp_path / "ws" / "runs" / "c1").exists()  # and no stage started
 

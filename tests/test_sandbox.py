@@ -630,6 +630,14 @@ def test_without_isolation_model_code_is_refused_unless_opted_in(monkeypatch):
     assert verdict.protections["no_new_privs"]
     report = run_tests("def f(x):\n    return x\n", "f", [{"args": [1], "expected": 1}])
     assert report.passed == 1 and "pid_namespace" in report.uncontained
+    # The opt-in by config: the CLI applies rollout.allow_uncontained_sandbox to the process it loads it in.
+    from lopd_cli.common import load
+
+    monkeypatch.delenv(ALLOW_UNCONTAINED_ENV)
+    load("smoke", [])
+    assert run_python("print('ran')", limits=FAST).status == "refused"
+    load("smoke", ["rollout.allow_uncontained_sandbox=true"])
+    assert os.environ[ALLOW_UNCONTAINED_ENV] == "1" and run_python("print('ran')", limits=FAST).status == "ok"
 
 
 def test_a_run_that_misses_a_protection_is_refused_before_the_program_starts(monkeypatch):

@@ -91,6 +91,14 @@ CHANNEL_FD = 3  # keep in sync with _sandbox_launcher.CHANNEL_FD
 NOBODY = 65534
 ALLOW_UNCONTAINED_ENV = "LOPD_SANDBOX_ALLOW_UNCONTAINED"
 
+def allow_uncontained(enabled: bool) -> None:
+    """Apply ``rollout.allow_uncontained_sandbox``: when on, opt this process and its children in through
+    ``LOPD_SANDBOX_ALLOW_UNCONTAINED`` (sandboxes start from worker threads, engine processes and the verifiers'
+    own subprocesses, which all inherit the environment). Off changes nothing: the variable set by hand still counts."""
+    if enabled:
+        os.environ[ALLOW_UNCONTAINED_ENV] = "1"
+
+
 PROTECTIONS = (
     "pid_namespace", "network_namespace", "mount_namespace", "private_root", "private_tmp", "workdir_quota",
     "unprivileged_user", "no_new_privs", "seccomp", "no_user_namespaces", "dies_with_parent",
