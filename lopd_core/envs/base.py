@@ -125,19 +125,24 @@ def task_fingerprint(task: Task) -> str:
 
 # --------------------------------------------------------------------------------------------------
 class SuiteNeedsError(ValueError):
-    """The rollout settings (or the installed packages) cannot host the suite's episodes; the message lists
+    """The rollout settings (or the installed packages) cannot host the suite's episodes; ``problems`` lists
     every shortfall with the setting that fixes it."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
 
 
 _NEEDS_SETTINGS = {
-    "context_tokens": ("max_trajectory_tokens", "tokens an episode needs (prompt, turns and observations)"),
+    "context_tokens": ("max_trajectory_tokens", "tokens an episode needs: prompt, turns and observations"),
     "turns": ("max_turns", "assistant turns an episode needs"),
     "new_tokens": ("max_new_tokens", "tokens one assistant turn needs"),
     "observation_chars": ("observation_max_chars", "characters of a tool response the stored experiences must keep"),
 }
+NEEDS_FIELDS = tuple(_NEEDS_SETTINGS)
 
 
-@dataclass(frozen=True)
+@dataclass
 class SuiteNeeds:
     """What a suite's episodes need to be playable at all; 0 / empty = no requirement."""
 
@@ -151,15 +156,24 @@ class SuiteNeeds:
     """``rollout.observation_max_chars`` at least this: the stored experiences (the teachers' context) keep tool
     responses up to that size, and this suite's answers are in responses this long."""
     packages: tuple[str, ...] = ()
-    """Python distributions the suite imports (e.g. ``bfcl-eval``), checked with :func:`missing_packages`."""
+    """Python distributions the suite imports (e.g. ``bfcl-eval``), checked with :meth:`missing_packages`."""
+    levels: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Larger needs of some levels (e.g. a long-context category): level → {field: value}."""
 
-    def problems(self, suite: str, rollout: Any) -> list[str]:
-        """Each rollout setting (``rollout``: anything with the ``RolloutConfig`` attributes) below the need."""
-        found = []
+    def for_level(self, level: int | None) -> SuiteNeeds:
+        """The needs of one level: each field the larger of the suite's and the level's own."""
+        extra = self.levels.get(level, {}) if level is not None else {}
+        return SuiteNeeds(**{k: max(getattr(self, k), extra.get(k, 0)) for k in NEEDS_FIELDS}, packages=self.packages)
+
+    def problems(self, suite: str, rollout: Any, *, level: int | None = None) -> list[str]:
+        """Each rollout setting (``rollout``: anything with the ``RolloutConfig`` attributes) below the need
+        of ``level`` (None: the suite-wide needs)."""
+        needs, found = self.for_level(level), []
+        where = f"suite {suite}" + (f" (level {level})" if level in self.levels else "")
         for need, (setting, what) in _NEEDS_SETTINGS.items():
-            want, have = getattr(self, need), getattr(rollout, setting)
+            want, have = getattr(needs, need), getattr(rollout, setting)
             if want and have < want:
-                found.append(f"suite {suite} needs rollout.{setting} >= {want} ({what}); the settings have {have}: "
+                found.append(f"{where} needs rollout.{setting} >= {want} ({what}); the settings have {have}: "
                              f"--set rollout.{setting}={want}")
         return found
 
@@ -174,16 +188,18 @@ class SuiteNeeds:
         return missing
 
 
-def check_needs(suite: Any, rollout: Any) -> None:
+def check_needs(suite: Any, rollout: Any, levels: Any = None) -> None:
     """Raise :class:`SuiteNeedsError` listing every way ``rollout`` (or the environment) falls short of
-    ``suite.needs``; a suite without ``needs`` passes."""
+    ``suite.needs`` at the given levels (None: the suite-wide needs); a suite without ``needs`` passes."""
     needs: SuiteNeeds | None = getattr(suite, "needs", None)
     if needs is None:
         return
-    problems = needs.problems(suite.name, rollout)
+    problems = []
+    for level in sorted(set(levels)) if levels is not None else [None]:
+        problems += [p for p in needs.problems(suite.name, rollout, level=level) if p not in problems]
     missing = needs.missing_packages()
     if missing:
         problems.append(f"suite {suite.name} needs the Python packages {missing}, not installed here: "
                         f"pip install {' '.join(missing)}")
     if problems:
-        raise SuiteNeedsError("; ".join(problems))
+        raise SuiteNeedsError(problems)

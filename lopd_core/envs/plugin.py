@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import yaml
 
-from lopd_core.envs.base import SPLITS, EpisodeResult, Split, SuiteNeeds, Task
+from lopd_core.envs.base import NEEDS_FIELDS, SPLITS, EpisodeResult, Split, SuiteNeeds, Task
 from lopd_core.envs.tool_env import (
     SUCCESS_THRESHOLD,
     AnswerItem,
@@ -77,7 +77,7 @@ _TOOLS_KEYS = {"module", "class", "functions", "schemas", "teardown", "coerce_nu
                "callable_before_added"}
 _TASK_KEYS = {"id", "split", "level", "instruction", "initial_state", "expected_state", "expected_calls",
               "expected_answer", "oracle", "oracle_turns", "family", "data", "system_prompt", "tools", "follow_ups"}
-_NEEDS_KEYS = {"context_tokens", "turns", "new_tokens", "observation_chars", "packages"}
+_NEEDS_KEYS = {*NEEDS_FIELDS, "packages", "levels"}
 HELPER_NAMES = frozenset({"reset", "close", "teardown", "get_state", "set_state", "load_state", "save_state"})
 """Method names default discovery never takes for tools (lifecycle and state helpers)."""
 CHECKER_ARGUMENTS = ("task", "calls", "trace", "final_answer", "answers", "final_state", "shared")
@@ -100,6 +100,16 @@ class Hook:
 
     def __call__(self, **offered: Any) -> Any:
         return self.fn(**(offered if self.accepts is None else {k: v for k, v in offered.items() if k in self.accepts}))
+
+    def load(self, where: str, **offered: Any) -> Any:
+        """Call a hook that runs while the suite loads: whatever it raises becomes a :class:`PluginError`
+        naming the file, the field and the hook."""
+        try:
+            return self(**offered)
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"{where}: {self.ref} raised {type(exc).__name__}: {exc}") from exc
 
 
 def _import_module(ref: str, base: Path, where: str):
@@ -223,7 +233,7 @@ def _tools(section: Any, base: Path, yaml_path: Path, modules: dict[str, Any], s
             except json.JSONDecodeError as exc:
                 raise PluginError(f"{where}.schemas: {path} is not valid JSON ({exc.msg})") from None
         else:
-            raw = _hook(ref, base, where + ".schemas", ("shared",), modules)(shared=shared)
+            raw = _hook(ref, base, where + ".schemas", ("shared",), modules).load(where + ".schemas", shared=shared)
         if not isinstance(raw, list) or not raw:
             raise PluginError(f"{where}.schemas must give a non-empty list of tool schemas")
         schemas = [_normalise_schema(s, f"{where}.schemas[{i}]") for i, s in enumerate(raw)]
@@ -371,7 +381,7 @@ def _read_tasks(ref: str, base: Path, yaml_path: Path, modules: dict[str, Any], 
     if ref.endswith((".jsonl", ".json")) or ":" not in ref:
         located = _read_jsonl(base / ref, yaml_path)
     else:
-        made = _hook(ref, base, f"{yaml_path}: tasks", ("shared",), modules)(shared=shared)
+        made = _hook(ref, base, f"{yaml_path}: tasks", ("shared",), modules).load(f"{yaml_path}: tasks", shared=shared)
         located = [(f"{ref} task {i}", row) for i, row in enumerate(made or [])]
         if not located:
             raise PluginError(f"{yaml_path}: tasks: {ref} returned no tasks")
@@ -404,20 +414,30 @@ def _examples(raw: Any, names: list[str], path: Path) -> list[dict[str, Any]]:
     return messages
 
 
+def _sizes(raw: Any, where: str) -> dict[str, int]:
+    if not isinstance(raw, dict) or set(raw) - set(NEEDS_FIELDS):
+        extra = sorted(set(raw) - set(NEEDS_FIELDS)) if isinstance(raw, dict) else raw
+        raise PluginError(f"{where} must be a mapping of {list(NEEDS_FIELDS)} (unknown: {extra})")
+    for key, value in raw.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise PluginError(f"{where}.{key} must be a non-negative integer (got {value!r})")
+    return dict(raw)
+
+
 def _needs(raw: Any, path: Path) -> SuiteNeeds:
     if raw is None:
         return SuiteNeeds()
-    if not isinstance(raw, dict) or set(raw) - _NEEDS_KEYS:
-        extra = sorted(set(raw) - _NEEDS_KEYS) if isinstance(raw, dict) else raw
-        raise PluginError(f"{path}: needs must be a mapping of {sorted(_NEEDS_KEYS)} (unknown: {extra})")
-    for key in _NEEDS_KEYS - {"packages"}:
-        value = raw.get(key, 0)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise PluginError(f"{path}: needs.{key} must be a non-negative integer (got {value!r})")
+    if not isinstance(raw, dict):
+        raise PluginError(f"{path}: needs must be a mapping of {sorted(_NEEDS_KEYS)}")
     packages = raw.get("packages", [])
     if not isinstance(packages, list) or not all(isinstance(p, str) and p.strip() for p in packages):
         raise PluginError(f"{path}: needs.packages must be a list of distribution names (as pip installs them)")
-    return SuiteNeeds(**{k: v for k, v in raw.items() if k != "packages"}, packages=tuple(packages))
+    levels = raw.get("levels", {})
+    if not isinstance(levels, dict) or not all(isinstance(k, int) and k >= 1 for k in levels):
+        raise PluginError(f"{path}: needs.levels must map levels (positive integers) to needs")
+    sizes = _sizes({k: v for k, v in raw.items() if k not in ("packages", "levels")}, f"{path}: needs")
+    return SuiteNeeds(**sizes, packages=tuple(packages),
+                      levels={k: _sizes(v, f"{path}: needs.levels.{k}") for k, v in levels.items()})
 
 
 def apply_patch(initial: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -465,7 +485,7 @@ def load_plugin_spec(path: Path) -> PluginSpec:
     modules: dict[str, Any] = {}
     shared = None
     if raw.get("shared"):
-        shared = _hook(raw["shared"], base, f"{path}: shared", (), modules)()
+        shared = _hook(raw["shared"], base, f"{path}: shared", (), modules).load(f"{path}: shared")
     module, cls, names, schemas, teardown, options = _tools(raw["tools"], base, path, modules, shared)
     make_state = None
     if raw.get("make_state"):
@@ -539,7 +559,11 @@ class PluginSuite:
         of the state for the default checker when it compares states."""
         spec = self.spec
         if spec.make_state is not None:
-            state = spec.make_state(task=row, shared=spec.shared)
+            try:
+                state = spec.make_state(task=row, shared=spec.shared)
+            except Exception as exc:
+                raise RuntimeError(f"plug-in suite {self.name}, task {row['id']}: make_state hook {spec.make_state.ref} "
+                                   f"raised {type(exc).__name__}: {exc}") from exc
         else:
             state = copy.deepcopy(row.get("initial_state", {}))
         if "expected_state" in row and spec.checker is None:
@@ -552,7 +576,11 @@ class PluginSuite:
         if spec.tools_class is None:
             functions = {n: getattr(spec.module, n) for n in names}
             return EpisodeTools(Toolbox(functions, schemas, **options))
-        instance = spec.tools_class(state)
+        try:
+            instance = spec.tools_class(state)
+        except Exception as exc:
+            raise RuntimeError(f"plug-in suite {self.name}, task {row['id']}: {spec.tools_class.__name__}(state) "
+                               f"raised {type(exc).__name__}: {exc}") from exc
         try:
             functions = {n: getattr(instance, n) for n in names}
         except AttributeError as exc:
@@ -570,9 +598,13 @@ class PluginSuite:
             if spec.checker is None:
                 return score_checklist(_checklist(row, snapshot.get("initial")), calls=log.calls,
                                        final_answer=log.final_answer, final_state=log.final_state)
-            out = spec.checker(task=row, calls=[c.to_dict() for c in log.calls], trace=[r.to_dict() for r in log.trace],
-                               final_answer=log.final_answer, answers=list(log.answers), final_state=log.final_state,
-                               shared=spec.shared)
+            try:
+                out = spec.checker(task=row, calls=[c.to_dict() for c in log.calls],
+                                   trace=[r.to_dict() for r in log.trace], final_answer=log.final_answer,
+                                   answers=list(log.answers), final_state=log.final_state, shared=spec.shared)
+            except Exception as exc:
+                raise RuntimeError(f"plug-in suite {self.name}, task {row['id']}: checker {spec.checker.ref} raised "
+                                   f"{type(exc).__name__}: {exc}") from exc
             if not isinstance(out, dict) or "reward" not in out:
                 raise ValueError(f"plug-in checker {spec.checker.ref} of {self.name} must return a mapping with "
                                  f"'reward' (got {type(out).__name__})")

@@ -292,6 +292,9 @@ class ToolUseEnvironment:
         log = EpisodeLog(trace=list(self.trace), answers=list(self.answers), final_state=self.tools.final_state())
         outcome = self._scorer(log)
         outcome.checklist.update(turns=self.turns, valid_calls=len(log.calls))
+        crashed = [f"{r.name}({json.dumps(r.arguments, default=str)[:200]}): {r.error}" for r in log.trace if r.exception]
+        if crashed:  # a tool raised something other than ToolError: reported, not just a lower reward
+            outcome.checklist["tool_exceptions"] = crashed
         if self.follow_ups:
             outcome.checklist.update(user_messages=len(self.answers), user_messages_total=1 + len(self.follow_ups))
         return outcome

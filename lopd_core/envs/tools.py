@@ -379,6 +379,10 @@ class CallRecord:
     """Index of the user message the call answers (0 = the task's request, 1 = the first follow-up …)."""
     step: int = 0
     """Index of the assistant turn within that user message's exchange (0 = the first reply to it)."""
+    exception: str = ""
+    """The exception's type when the tool raised something other than :class:`ToolError` (a bug in the tool,
+    or a value it does not handle): the agent sees it as an error, and the episode reports it
+    (``checklist["tool_exceptions"]``) so that a broken tool is not a silent low reward."""
 
     @property
     def observation(self) -> str:
@@ -387,11 +391,11 @@ class CallRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "arguments": self.arguments, "status": self.status, "result": self.result,
-                "error": self.error, "turn": self.turn, "step": self.step}
+                "error": self.error, "turn": self.turn, "step": self.step, "exception": self.exception}
 
 
 class Toolbox:
-    """A set of callable tools with their schemas; turns parsed calls into :class:`CallRecord`\ s.
+    r"""A set of callable tools with their schemas; turns parsed calls into :class:`CallRecord`\ s.
 
     ``available`` (default: every tool) is the subset the agent may call now; a call to any other name is
     rejected as an unknown function. ``coerce_numbers``: see :func:`prepare_arguments`; ``check_types``: see
@@ -458,7 +462,8 @@ class Toolbox:
         except ToolError as exc:
             return CallRecord(call.name, passed, "error", error=str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug or bad value inside a tool is the agent's observation
-            return CallRecord(call.name, passed, "error", error=f"{call.name} failed: {type(exc).__name__}: {exc}")
+            return CallRecord(call.name, passed, "error", error=f"{call.name} failed: {type(exc).__name__}: {exc}",
+                              exception=type(exc).__name__)
 
     def execute(self, call: ToolCall) -> tuple[bool, Any]:
         """(ok, result-or-error-text) of :meth:`run`: ``ok`` only for a call that ran and returned."""

@@ -32,6 +32,7 @@ and batching (the engines), persistence (the callers).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -42,6 +43,8 @@ from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids, turn_suff
 from lopd_core.records.experience import observation_lite_messages, render_observation_lite
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.rollout.engines.base import Engine, SamplingParams
+
+log = logging.getLogger(__name__)
 
 MIN_TURN_TOKENS = 8
 """A new turn starts only when at least this many tokens fit under the trajectory cap."""
@@ -78,7 +81,9 @@ class _Episode:
 
 
 def _fail(ep: _Episode, where: str, exc: BaseException) -> None:
-    ep.status, ep.error, ep.finished = "error", f"{where}: {type(exc).__name__}: {exc}", True
+    """The episode errored: the message names the suite, the task and where it failed."""
+    ep.status, ep.finished = "error", True
+    ep.error = f"suite {ep.task.suite}, task {ep.task.task_id}: {where}: {type(exc).__name__}: {exc}"
 
 
 def _start(ep: _Episode, suite, tokenizer, cap: int) -> None:
@@ -200,7 +205,7 @@ def play(rollout: RolloutConfig, engine: Engine, tokenizer, suite, tasks: list, 
     :class:`~lopd_core.envs.base.SuiteNeedsError` before any episode runs, and a batch whose every episode
     errored raises :class:`EpisodesFailed` with the reasons (it carries the trajectories).
     """
-    check_needs(suite, rollout)
+    check_needs(suite, rollout, levels={t.level for t in tasks})
     trajectories = run_episodes(engine, tokenizer, suite, tasks, max_turns=rollout.max_turns,
                                 max_trajectory_tokens=rollout.max_trajectory_tokens,
                                 sampling=sampling_params(rollout, tokenizer, seed=seed, temperature=temperature),
@@ -208,7 +213,21 @@ def play(rollout: RolloutConfig, engine: Engine, tokenizer, suite, tasks: list, 
                                 step=step, cycle_id=cycle_id, progress=progress)
     if trajectories and all(t.status == "error" for t in trajectories):
         raise EpisodesFailed(trajectories)
+    for problem in episode_problems(trajectories):
+        log.warning(problem)
     return trajectories
+
+
+def episode_problems(trajectories: list[Trajectory], limit: int = 5) -> list[str]:
+    """What went wrong outside the policy's control, one line per episode (at most ``limit``, then a count):
+    episodes that errored, and tools that raised an exception other than ``ToolError`` (a bug in the suite's
+    tools, or a value they do not handle; the agent saw it as an error and the episode was scored)."""
+    found = [t.error for t in trajectories if t.status == "error"]
+    found += [f"suite {t.suite}, task {t.task_id}: tool raised an unexpected exception: {crash}"
+              for t in trajectories for crash in t.checklist.get("tool_exceptions", [])[:1]]
+    if len(found) > limit:
+        found = [*found[:limit], f"... and {len(found) - limit} more episodes with problems"]
+    return found
 
 
 def run_episodes(engine: Engine, tokenizer, suite, tasks: list, *, max_turns: int, max_trajectory_tokens: int,

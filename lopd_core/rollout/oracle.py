@@ -50,6 +50,12 @@ def scripted_trajectory(tokenizer, *, initial: list[dict[str, Any]], replies: li
                       n_tool_calls=sum(o.get("role") == "tool" for o in observations), messages_lite=messages, **fields)
 
 
+def oracle_replies(task: Task) -> list[str]:
+    """The assistant turns of the task's oracle solution: ``task.oracle_turns``, else ``task.oracle`` split at
+    its tool responses (empty when the task has no oracle)."""
+    return list(task.oracle_turns) or [part.strip() for part in _RESPONSE.split(task.oracle) if part.strip()]
+
+
 def oracle_episode(tokenizer, suite: Suite, task: Task, **fields) -> Trajectory:
     """The task's oracle solution played through its environment: the verifier's reward, the real observations.
 
@@ -59,7 +65,7 @@ def oracle_episode(tokenizer, suite: Suite, task: Task, **fields) -> Trajectory:
     env = suite.make_env(task)
     try:
         initial = env.reset(task)
-        replies = list(task.oracle_turns) or [part.strip() for part in _RESPONSE.split(task.oracle) if part.strip()]
+        replies = oracle_replies(task)
         observations = []
         for reply in replies:
             result = env.step(reply)
