@@ -154,3 +154,17 @@ def test_lopd_suite_check_cli_exit_codes_and_report(tmp_path):
     assert summary["oracles"] == {"replayed": 5, "passed": 2}
     missing = CliRunner().invoke(app, ["suite", "check", str(tmp_path / "nope.yaml"), "--no-tokens"])
     assert missing.exit_code == 1 and "FAIL load" in missing.output
+
+
+def test_the_plugin_doc_documents_every_field_hook_argument_and_check():
+    from pathlib import Path
+
+    from lopd_core.envs import plugin
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "plugin-suites.md").read_text()
+    documented = {
+        *plugin._YAML_KEYS, *plugin._TOOLS_KEYS, *plugin._TASK_KEYS, *plugin._NEEDS_KEYS, *plugin.CHECKER_ARGUMENTS,
+        *CHECKS, *plugin.HELPER_NAMES,
+    }
+    missing = sorted(k for k in documented if f"`{k}`" not in doc and f"{k}:" not in doc)
+    assert not missing, f"docs/plugin-suites.md does not mention {missing}"
