@@ -47,7 +47,7 @@ from lopd_core.records.experience import CONTENT_DIM
 SCHEMA_VERSION = 1
 """Bumped whenever a model below changes incompatibly; stored in every row and tagged on model versions."""
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "validation", "test")
 STATUSES = ("ok", "truncated", "error")
 SUITE_KINDS = ("tool", "code")
 ROLES = ("system", "user", "assistant", "tool")

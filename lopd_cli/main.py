@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from lopd_cli import compare, memory, models, pipeline, probe, rollout, sandbox, train
+from lopd_cli import compare, memory, models, pipeline, probe, rollout, sandbox, suite, train
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="LOPD: continual learning for LLM agents.")
 app.add_typer(models.models_app, name="models")
@@ -17,6 +17,7 @@ app.add_typer(models.config_app, name="config")
 app.command()(models.status)
 app.command()(rollout.rollout)
 app.add_typer(sandbox.sandbox_app, name="sandbox")
+app.add_typer(suite.suite_app, name="suite")
 app.add_typer(memory.memory_app, name="memory")
 app.command()(train.distill)
 for _name in ("cycle", "serve", "backfill", "evaluate", "promote", "rollback"):

@@ -5,7 +5,12 @@ Every option overrides the matching config field (``--suite`` → ``rollout.suit
 ``rollout.level``, ``--seed`` → ``rollout.seed``), so ``--profile``/``--set`` and the options compose. The
 trajectories are the exact records the trainer consumes (:class:`lopd_core.records.trajectory.Trajectory`);
 ``--out DIR`` writes them as JSONL plus a summary JSON, under a new file name each run (nothing is
-overwritten). Sampling uses the rollout config (temperature, top-p, top-k, max new tokens, seed).
+overwritten). Sampling uses the rollout config (temperature, top-p, top-k, max new tokens, seed); the summary
+records the sampling parameters the episodes actually used (stop ids included).
+
+It fails loudly: a suite whose declared needs the settings do not meet stops before the model loads (exit 2,
+naming each setting), and a run whose every episode errored exits 1 with the reasons (after writing
+``--out`` and the ``--json`` summary, so the records can be read).
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ def rollout(
     model: Annotated[str | None, typer.Option(help="Model name or local folder (overrides model.base).")] = None,
     n: Annotated[int | None, typer.Option("--n", help="Episodes to play (overrides rollout.n_tasks).")] = None,
     engine: Annotated[str | None, typer.Option(help="hf or vllm (overrides rollout.engine).")] = None,
-    split: Annotated[str, typer.Option(help="train or test tasks.")] = "train",
+    split: Annotated[str, typer.Option(help="train, validation or test tasks.")] = "train",
     level: Annotated[int | None, typer.Option(help="Difficulty level (overrides rollout.level).")] = None,
     seed: Annotated[int | None, typer.Option(help="Task and sampling seed (overrides rollout.seed).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write the trajectories as JSONL into this directory.")] = None,
@@ -84,11 +89,18 @@ def rollout(
 ):
     """Generate episodes on a task suite and print success rate, mean reward and generated tokens/s."""
     from lopd_core.envs import get_suite
+    from lopd_core.envs.base import SPLITS, SuiteNeedsError, check_needs
     from lopd_core.models.loading import ModelNotFoundError, load_tokenizer, resolve_model_path
-    from lopd_core.rollout.agent import play, sampling_params, summarize_trajectories
+    from lopd_core.rollout.agent import (
+        EpisodesFailed,
+        episode_problems,
+        play,
+        sampling_params,
+        summarize_trajectories,
+    )
 
-    if split not in ("train", "test"):
-        fail(f"--split must be 'train' or 'test' (got {split!r})", code=2)
+    if split not in SPLITS:
+        fail(f"--split must be one of {', '.join(SPLITS)} (got {split!r})", code=2)
     cfg = _config(profile, set_, **{"rollout.suite": suite, "model.base": model, "rollout.n_tasks": n,
                                     "rollout.engine": engine, "rollout.level": level, "rollout.seed": seed})
     ws = workspace(cfg)
@@ -96,6 +108,9 @@ def rollout(
     try:
         suite_obj = get_suite(r.suite)
         tasks = suite_obj.tasks(split, r.n_tasks, level=r.level, seed=r.seed)
+        check_needs(suite_obj, r, levels={t.level for t in tasks})
+    except SuiteNeedsError as e:
+        fail(str(e), code=2)
     except (ValueError, FileNotFoundError) as e:
         fail(f"suite {r.suite!r}: {e}")
     if not tasks:
@@ -109,21 +124,32 @@ def rollout(
               f"on the {r.engine} engine", highlight=False)
     engine_obj = _build_engine(cfg, model_path, tokenizer)
 
-    sampling = sampling_params(r, tokenizer, seed=r.seed)  # what play() uses, recorded in the summary
     start = time.perf_counter()
-    trajectories = play(r, engine_obj, tokenizer, suite_obj, tasks, seed=r.seed, progress=True)
+    failed = None
+    try:
+        trajectories = play(r, engine_obj, tokenizer, suite_obj, tasks, seed=r.seed, progress=True)
+    except EpisodesFailed as e:
+        trajectories, failed = e.trajectories, e
     metrics = summarize_trajectories(trajectories, wall_s=time.perf_counter() - start)
+    # The sampling parameters the episodes recorded (what the engine was given), not a recomputation.
+    used = trajectories[0].sampling if trajectories else sampling_params(r, tokenizer, seed=r.seed).to_dict()
     summary = {"suite": suite_obj.name, "split": split, "level": r.level, "engine": r.engine,
-               "model": cfg.model.base, "seed": r.seed, "sampling": sampling.to_dict(), **metrics}
+               "model": cfg.model.base, "seed": r.seed, "sampling": used, **metrics}
+    if failed is not None:
+        summary["failed"] = str(failed)
+    problems = episode_problems(trajectories)
+    summary["problems"] = problems
     if out_dir is not None:
         stem = f"rollout-{suite_obj.name}-{split}-l{r.level}-{r.engine}-{time.strftime('%Y%m%d-%H%M%S')}"
         summary["out"] = str(_save(out_dir, stem, trajectories, summary))
-    errors = [t for t in trajectories if t.status == "error"]
-    for t in errors[:3]:
-        err.print(f"[yellow]episode {t.task_id} errored:[/yellow] {escape(str(t.error))}", highlight=False)
+    for problem in problems:
+        err.print(f"[yellow]problem:[/yellow] {escape(problem)}", highlight=False)
 
     if as_json:
         emit_json(summary)
+    if failed is not None:
+        fail(str(failed))
+    if as_json:
         return
     out.print(f"suite {summary['suite']} ({split}, level {r.level}), {len(trajectories)} episodes, engine {r.engine}",
               highlight=False)

@@ -37,7 +37,7 @@ class OraclePolicyEngine:
             task = next(t for t in self.tasks if t.instruction in text)
             headers = text.count("<|im_start|>assistant")  # few-shot examples may hold assistant turns too
             turn = headers - self.first_seen.setdefault(task.task_id, headers)
-            turns = task.payload.get("oracle_turns") or [task.oracle]
+            turns = task.oracle_turns or [task.oracle]
             ids = (encode(self.tok, turns[min(turn, len(turns) - 1)]) + [params.stop_token_ids[0]])
             finish = "stop" if len(ids) <= params.max_new_tokens else "length"
             ids = ids[: params.max_new_tokens]
@@ -67,7 +67,7 @@ def test_oracle_policy_succeeds_through_the_loop(tiny_tokenizer, suite_name, lev
     if suite_name == "toolworld":
         assert all(t.n_tool_calls >= 1 and t.n_invalid_tool_calls == 0 for t in trajs)
         assert all(any(m["role"] == "tool" for m in t.messages) for t in trajs)
-        assert all(t.n_turns == len(task.payload["oracle_turns"]) for t, task in zip(trajs, tasks, strict=True))
+        assert all(t.n_turns == len(task.oracle_turns) for t, task in zip(trajs, tasks, strict=True))
 
 
 @pytest.mark.parametrize("suite_name", ["toolworld", "codegen"])

@@ -46,10 +46,10 @@ def test_protocols_and_determinism(suite):
 def test_oracle_scores_one_on_every_domain(suite, level):
     for split in ("train", "test"):
         for task in suite.tasks(split, 16, level=level, seed=1):
-            result, steps = _play(suite, task, task.payload["oracle_turns"])
+            result, steps = _play(suite, task, task.oracle_turns)
             assert result.reward == 1.0 and result.success, (task.task_id, result.feedback)
-            assert steps[-1].done and sum(s.tool_calls for s in steps) == len(task.payload["oracle_turns"]) - 1
-            assert task.oracle and task.oracle.endswith(task.payload["oracle_turns"][-1])
+            assert steps[-1].done and sum(s.tool_calls for s in steps) == len(task.oracle_turns) - 1
+            assert task.oracle and task.oracle.endswith(task.oracle_turns[-1])
             calls_needed = len(task.payload["checklist"]["calls"])
             assert 1 <= calls_needed <= 4
 
@@ -57,7 +57,7 @@ def test_oracle_scores_one_on_every_domain(suite, level):
 def test_levels_need_more_calls(suite):
     def mean_calls(level):
         tasks = suite.tasks("train", 32, level=level)
-        return sum(len(t.payload["oracle_turns"]) - 1 for t in tasks) / len(tasks)
+        return sum(len(t.oracle_turns) - 1 for t in tasks) / len(tasks)
 
     means = [mean_calls(level) for level in (1, 2, 3, 4)]
     assert means == sorted(means) and means[0] == 1 and means[3] >= 3.5
@@ -88,7 +88,7 @@ def _skeleton(task) -> str:
 
 def test_partial_credit_and_feedback_list_unmet_items(suite):
     task = next(t for t in suite.tasks("train", 40, level=3) if t.payload["domain"] == "bank")
-    first_call = task.payload["oracle_turns"][0]
+    first_call = task.oracle_turns[0]
     result, _ = _play(suite, task, [first_call, "Sorry, I could not finish."])
     assert 0 < result.reward < 1 and not result.success
     assert "unmet call" in result.feedback and "transfer" in result.feedback
@@ -117,7 +117,7 @@ def test_unintended_change_is_penalised(suite):
     task = next(t for t in suite.tasks("train", 40, level=1) if t.payload["kind"] == "order_status")
     oid = next(iter(task.payload["initial_state"]["orders"]))
     wrong = [o for o, rec in task.payload["initial_state"]["orders"].items() if rec["status"] == "processing"]
-    turns = list(task.payload["oracle_turns"])
+    turns = list(task.oracle_turns)
     if wrong:
         turns.insert(1, f'<tool_call>{{"name": "cancel_order", "arguments": {{"order_id": "{wrong[0]}"}}}}</tool_call>')
         result, _ = _play(suite, task, turns)

@@ -1,10 +1,11 @@
 """Task suites and verifiers: ``get_suite(name_or_path)`` is the one entry point.
 
 Built in: ``toolworld`` (procedural multi-turn tool use), ``codegen`` (procedural function writing with
-hidden unit tests), ``humaneval`` (HumanEval's 164 problems, test split only) and ``bfcl`` (BFCL v4
+hidden unit tests), ``humaneval`` (HumanEval's 164 problems, test split only), ``bfcl`` (BFCL v4
 single-turn function calling, test split only, levels 1–4 = simple, multiple, parallel,
-parallel_multiple). Anything else is read as the path of a plug-in suite YAML
-(see ``docs/plugin-suites.md``). Every model-generated program runs in :mod:`lopd_core.envs.sandbox`.
+parallel_multiple) and ``bfcl_multi_turn`` (BFCL v4 multi-turn, test split only, levels 1–4 = base,
+miss_func, miss_param, long_context; itself a plug-in suite, ``suites/bfcl_multi_turn/suite.yaml``).
+Anything else is read as the path of a plug-in suite YAML (see ``docs/plugin-suites.md``). Every model-generated program runs in :mod:`lopd_core.envs.sandbox`.
 
 A suite's kind (``tool`` or ``code``: which success threshold applies) is :func:`suite_kind`, the one place
 it is worked out.
@@ -19,10 +20,10 @@ from lopd_core.envs.base import Environment, EpisodeResult, Split, StepResult, S
 from lopd_core.envs.bfcl import BFCLSuite
 from lopd_core.envs.codegen import CodegenSuite
 from lopd_core.envs.humaneval import HumanEvalSuite
-from lopd_core.envs.plugin import load_plugin_suite
+from lopd_core.envs.plugin import BUILTIN_PLUGIN_SUITES, load_plugin_suite
 from lopd_core.envs.toolworld import ToolWorldSuite
 
-BUILTIN_SUITES = ("toolworld", "codegen", "humaneval", "bfcl")
+BUILTIN_SUITES = ("toolworld", "codegen", "humaneval", "bfcl", *BUILTIN_PLUGIN_SUITES)
 _CODE_SUITE_WORDS = ("code", "humaneval", "mbpp", "livecodebench")
 
 __all__ = ["BUILTIN_SUITES", "Environment", "EpisodeResult", "Split", "StepResult", "Suite", "Task",
@@ -44,6 +45,8 @@ def get_suite(name_or_path: str) -> Suite:
         suite = HumanEvalSuite()
     elif key == "bfcl":
         suite = BFCLSuite()
+    elif key in BUILTIN_PLUGIN_SUITES:
+        suite = load_plugin_suite(BUILTIN_PLUGIN_SUITES[key])
     elif key.endswith((".yaml", ".yml")) or Path(key).exists():
         suite = load_plugin_suite(Path(key))
     else:
@@ -60,6 +63,8 @@ def list_suites() -> list[dict[str, str]]:
         {"name": "codegen", "kind": "code", "description": "procedural Python function writing, hidden unit tests"},
         {"name": "humaneval", "kind": "code", "description": "HumanEval (164 problems, test split), pass@1 in our sandbox"},
         {"name": "bfcl", "kind": "tool", "description": "BFCL v4 single-turn function calling (test split), AST checker"},
+        {"name": "bfcl_multi_turn", "kind": "tool",
+         "description": "BFCL v4 multi-turn (test split): executable backends, BFCL's multi-turn checker"},
     ]
 
 

@@ -6,19 +6,27 @@ observation to append (a ``tool`` message) or ``done``; finally ``env.result()``
 reward in [0, 1], a textual feedback string (SDPO uses it) and the checklist details.
 
 A :class:`Suite` makes deterministic tasks by (split, level, seed) and one environment per task. Train and
-test tasks come from disjoint templates/entities, so evaluation tasks never appear in training.
+test tasks come from disjoint templates/entities, so evaluation tasks never appear in training; a suite may
+also hold ``validation`` tasks (plug-in suites do when their tasks file says so). An environment may define
+``close()``: the agent loop calls it once the episode is scored (a suite's teardown).
+
+A suite may declare what its episodes need (:class:`SuiteNeeds`: context, turns, tokens per turn,
+observation size, Python packages) as a ``needs`` attribute; :func:`lopd_core.rollout.agent.play` checks it
+against the rollout settings before any episode runs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-Split = Literal["train", "test"]
+Split = Literal["train", "validation", "test"]
+SPLITS: tuple[str, ...] = ("train", "validation", "test")
 
 
 @dataclass
@@ -38,6 +46,9 @@ class Task:
     """Suite-specific data (initial state, hidden tests, expected calls …); never shown to the agent."""
     oracle: str = ""
     """A scripted correct solution as assistant text (OPSD's fallback reference; never shown to the student)."""
+    oracle_turns: list[str] = field(default_factory=list)
+    """The same solution as the assistant turns to play, in order (a turn without a call answers the current user
+    message); empty = ``oracle`` split at its tool responses (:func:`lopd_core.rollout.oracle.oracle_episode`)."""
 
 
 @dataclass
@@ -110,3 +121,85 @@ def task_fingerprint(task: Task) -> str:
     request in another world (other records, another answer) is another task."""
     content = json.dumps([task.instruction, task.payload], sort_keys=True, default=str)
     return hashlib.sha256(content.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+class SuiteNeedsError(ValueError):
+    """The rollout settings (or the installed packages) cannot host the suite's episodes; ``problems`` lists
+    every shortfall with the setting that fixes it."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+_NEEDS_SETTINGS = {
+    "context_tokens": ("max_trajectory_tokens", "tokens an episode needs: prompt, turns and observations"),
+    "turns": ("max_turns", "assistant turns an episode needs"),
+    "new_tokens": ("max_new_tokens", "tokens one assistant turn needs"),
+    "observation_chars": ("observation_max_chars", "characters of a tool response the stored experiences must keep"),
+}
+NEEDS_FIELDS = tuple(_NEEDS_SETTINGS)
+
+
+@dataclass
+class SuiteNeeds:
+    """What a suite's episodes need to be playable at all; 0 / empty = no requirement."""
+
+    context_tokens: int = 0
+    """``rollout.max_trajectory_tokens`` at least this (the longest correct episode, prompt included)."""
+    turns: int = 0
+    """``rollout.max_turns`` at least this (assistant turns of the longest correct episode)."""
+    new_tokens: int = 0
+    """``rollout.max_new_tokens`` at least this (the longest assistant turn of a correct episode)."""
+    observation_chars: int = 0
+    """``rollout.observation_max_chars`` at least this: the stored experiences (the teachers' context) keep tool
+    responses up to that size, and this suite's answers are in responses this long."""
+    packages: tuple[str, ...] = ()
+    """Python distributions the suite imports (e.g. ``bfcl-eval``), checked with :meth:`missing_packages`."""
+    levels: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Larger needs of some levels (e.g. a long-context category): level → {field: value}."""
+
+    def for_level(self, level: int | None) -> SuiteNeeds:
+        """The needs of one level: each field the larger of the suite's and the level's own."""
+        extra = self.levels.get(level, {}) if level is not None else {}
+        return SuiteNeeds(**{k: max(getattr(self, k), extra.get(k, 0)) for k in NEEDS_FIELDS}, packages=self.packages)
+
+    def problems(self, suite: str, rollout: Any, *, level: int | None = None) -> list[str]:
+        """Each rollout setting (``rollout``: anything with the ``RolloutConfig`` attributes) below the need
+        of ``level`` (None: the suite-wide needs)."""
+        needs, found = self.for_level(level), []
+        where = f"suite {suite}" + (f" (level {level})" if level in self.levels else "")
+        for need, (setting, what) in _NEEDS_SETTINGS.items():
+            want, have = getattr(needs, need), getattr(rollout, setting)
+            if want and have < want:
+                found.append(f"{where} needs rollout.{setting} >= {want} ({what}); the settings have {have}: "
+                             f"--set rollout.{setting}={want}")
+        return found
+
+    def missing_packages(self) -> list[str]:
+        """The declared packages that are not installed."""
+        missing = []
+        for name in self.packages:
+            try:
+                importlib.metadata.distribution(name)
+            except importlib.metadata.PackageNotFoundError:
+                missing.append(name)
+        return missing
+
+
+def check_needs(suite: Any, rollout: Any, levels: Any = None) -> None:
+    """Raise :class:`SuiteNeedsError` listing every way ``rollout`` (or the environment) falls short of
+    ``suite.needs`` at the given levels (None: the suite-wide needs); a suite without ``needs`` passes."""
+    needs: SuiteNeeds | None = getattr(suite, "needs", None)
+    if needs is None:
+        return
+    problems = []
+    for level in sorted(set(levels)) if levels is not None else [None]:
+        problems += [p for p in needs.problems(suite.name, rollout, level=level) if p not in problems]
+    missing = needs.missing_packages()
+    if missing:
+        problems.append(f"suite {suite.name} needs the Python packages {missing}, not installed here: "
+                        f"pip install {' '.join(missing)}")
+    if problems:
+        raise SuiteNeedsError(problems)

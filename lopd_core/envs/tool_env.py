@@ -4,7 +4,12 @@ An episode: the system prompt (role and rules; the tool schemas are rendered by 
 :func:`lopd_core.records.chat.tools_system_prompt`), optional worked examples as real chat turns
 (``prefix_messages``: small models imitate turns far better than instructions), the user's request; every
 assistant turn that contains tool calls gets one ``tool`` message with a ``<tool_response>`` per call
-(errors explained, never raised); the first turn without any call is the final answer and ends the episode.
+(errors explained, never raised); the first turn without any call is the final answer and ends the episode,
+unless the task has follow-up user messages (:class:`FollowUp`): then that answer closes one exchange and
+the next message (which may make more tools callable) is the observation. The tools are opened per episode
+(:class:`EpisodeTools`: the suite builds the state and the instance at ``reset`` and closes them at the end),
+so episodes played together never share state. Every attempted call is kept in the trace
+(:class:`lopd_core.envs.tools.CallRecord`) the scorer reads (:class:`EpisodeLog`).
 
 The verifier is an EnvScaler-style checklist (:class:`Checklist`): required **calls** (name + arguments),
 required **state** changes (the expected final state, usually computed by replaying the oracle's calls on
@@ -28,6 +33,7 @@ from typing import Any
 
 from lopd_core.envs.base import EpisodeResult, StepResult, Task
 from lopd_core.envs.tools import (
+    CallRecord,
     Toolbox,
     ToolCall,
     error_observation,
@@ -166,58 +172,138 @@ def score_checklist(checklist: Checklist, *, calls: list[ToolCall], final_answer
 
 
 # --------------------------------------------------------------------------------------------------
-class ToolUseEnvironment:
-    """One episode of tool use against a :class:`Toolbox` whose functions act on a mutable state."""
+@dataclass
+class FollowUp:
+    """A later user message of a multi-message task, sent once the agent has answered the previous one."""
 
-    def __init__(self, task: Task, toolbox_factory: Callable[[dict[str, Any]], tuple[Toolbox, Callable[[], dict]]],
-                 scorer: Callable[[list[ToolCall], str | None, dict[str, Any] | None], EpisodeResult], *,
-                 system_prompt: str, prefix_messages: list[dict[str, Any]] | None = None,
+    content: str
+    add_tools: list[str] = field(default_factory=list)
+    """Tools that become callable from this message on (their docs are the suite's to put in ``content``)."""
+
+
+@dataclass
+class EpisodeTools:
+    """What one episode acts on, opened by the suite at ``reset`` and closed when the episode ends."""
+
+    toolbox: Toolbox
+    final_state: Callable[[], Any] = dict
+    """Reads the state the checker compares, when the episode is scored (not when the tools are opened)."""
+    close: Callable[[], None] = lambda: None
+    """Releases what the episode held (a suite's teardown hook)."""
+
+
+@dataclass
+class EpisodeLog:
+    """What a scorer reads when the episode ends."""
+
+    trace: list[CallRecord]
+    """Every attempted call in order (ran, failed, rejected, unreadable), with the user message and step it belongs to."""
+    answers: list[str | None]
+    """The final answer to each user message reached (None where the episode stopped while still calling tools)."""
+    final_state: Any
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """The valid calls (those that ran and returned), in order."""
+        return [ToolCall(r.name, r.arguments) for r in self.trace if r.status == "ok"]
+
+    @property
+    def final_answer(self) -> str | None:
+        """The answer to the last user message reached."""
+        return self.answers[-1] if self.answers else None
+
+
+class ToolUseEnvironment:
+    """One episode of tool use: the tools opened for it by ``open_tools(task)`` at reset, scored by
+    ``scorer(log)``, closed by :meth:`close` (the agent loop calls it when the record is written).
+
+    ``follow_ups`` are the later user messages of the task: an assistant turn without a call answers the
+    current message, and the next one (if any) is the observation (role ``user``) instead of the end.
+    """
+
+    def __init__(self, task: Task, open_tools: Callable[[Task], EpisodeTools],
+                 scorer: Callable[[EpisodeLog], EpisodeResult], *, system_prompt: str,
+                 prefix_messages: list[dict[str, Any]] | None = None, follow_ups: list[FollowUp] | None = None,
                  max_calls_per_turn: int = 8) -> None:
         self.task = task
         self.prefix_messages = list(prefix_messages or [])
-        self._factory = toolbox_factory
+        self.follow_ups = list(follow_ups or [])
+        self._open = open_tools
         self._scorer = scorer
         self.system_prompt = system_prompt
         self.max_calls_per_turn = max_calls_per_turn
-        self.reset(task)
+        self.tools: EpisodeTools | None = None
+        self.trace: list[CallRecord] = []
+        self.answers: list[str | None] = []
+        self.turns = 0
 
     def reset(self, task: Task) -> list[dict[str, Any]]:
+        self.close()
         self.task = task
-        self.toolbox, self._state_of = self._factory(copy.deepcopy(task.payload.get("initial_state", {})))
-        self.calls: list[ToolCall] = []
-        self.final_answer: str | None = None
-        self.turns = 0
+        self.tools = self._open(task)
+        self.trace, self.answers = [], [None]
+        self.turns, self._step = 0, 0
         return [{"role": "system", "content": self.system_prompt}, *copy.deepcopy(self.prefix_messages),
                 {"role": "user", "content": task.instruction}]
 
+    @property
+    def calls(self) -> list[ToolCall]:
+        return EpisodeLog(self.trace, self.answers, None).calls
+
+    @property
+    def final_answer(self) -> str | None:
+        return self.answers[-1] if self.answers else None
+
     def step(self, assistant_text: str) -> StepResult:
+        if self.tools is None:
+            raise RuntimeError(f"episode of {self.task.task_id}: call reset(task) before step()")
         self.turns += 1
+        step, user_turn = self._step, len(self.answers) - 1
+        self._step += 1
         turn = parse_tool_calls(assistant_text)
         if not turn.attempted:
-            self.final_answer = turn.content
+            self.answers[-1] = turn.content
+            if user_turn < len(self.follow_ups):
+                follow_up = self.follow_ups[user_turn]
+                self.tools.toolbox.enable(follow_up.add_tools)
+                self.answers.append(None)
+                self._step = 0
+                return StepResult(observation=follow_up.content, done=False, role="user")
             return StepResult(observation=None, done=True)
-        pieces, invalid = [], len(turn.errors)
-        for error in turn.errors:
-            pieces.append(error_observation(error))
+        records = [CallRecord("", {}, "unparsed", error=e.message) for e in turn.errors]
+        pieces = [error_observation(e) for e in turn.errors]
         for i, call in enumerate(turn.calls):
             if i >= self.max_calls_per_turn:
-                pieces.append(format_tool_response(f"error: at most {self.max_calls_per_turn} calls per turn; "
-                                                   f"{call.name} was not run"))
-                invalid += 1
-                continue
-            ok, result = self.toolbox.execute(call)
-            if ok:
-                self.calls.append(call)
+                record = CallRecord(call.name, call.arguments, "rejected",
+                                    error=f"at most {self.max_calls_per_turn} calls per turn; {call.name} was not run")
             else:
-                invalid += 1
-            pieces.append(format_tool_response(result))
-        return StepResult(observation="\n".join(pieces), done=False, role="tool",
-                          tool_calls=len(turn.calls), invalid_tool_calls=invalid)
+                record = self.tools.toolbox.run(call)
+            records.append(record)
+            pieces.append(record.observation)
+        for record in records:
+            record.turn, record.step = user_turn, step
+        self.trace += records
+        return StepResult(observation="\n".join(pieces), done=False, role="tool", tool_calls=len(turn.calls),
+                          invalid_tool_calls=sum(r.status != "ok" for r in records))
 
     def result(self) -> EpisodeResult:
-        outcome = self._scorer(self.calls, self.final_answer, self._state_of())
-        outcome.checklist.update(turns=self.turns, valid_calls=len(self.calls))
+        if self.tools is None:
+            raise RuntimeError(f"episode of {self.task.task_id}: call reset(task) before result()")
+        log = EpisodeLog(trace=list(self.trace), answers=list(self.answers), final_state=self.tools.final_state())
+        outcome = self._scorer(log)
+        outcome.checklist.update(turns=self.turns, valid_calls=len(log.calls))
+        crashed = [f"{r.name}({json.dumps(r.arguments, default=str)[:200]}): {r.error}" for r in log.trace if r.exception]
+        if crashed:  # a tool raised something other than ToolError: reported, not just a lower reward
+            outcome.checklist["tool_exceptions"] = crashed
+        if self.follow_ups:
+            outcome.checklist.update(user_messages=len(self.answers), user_messages_total=1 + len(self.follow_ups))
         return outcome
+
+    def close(self) -> None:
+        """End the episode's hold on its tools (the suite's teardown); safe to call twice."""
+        tools, self.tools = self.tools, None
+        if tools is not None:
+            tools.close()
 
 
 def oracle_transcript(toolbox: Toolbox, calls: list[ToolCall], final_answer: str) -> str:

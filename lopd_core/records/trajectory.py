@@ -19,7 +19,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Split = Literal["train", "test"]
+Split = Literal["train", "validation", "test"]
 Status = Literal["ok", "truncated", "error"]
 
 

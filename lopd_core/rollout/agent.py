@@ -4,7 +4,9 @@ One call of :func:`run_episodes` plays every task to the end. Each turn, all liv
 together (one ``engine.generate`` call; the engine batches inside), then every episode's environment
 steps on its assistant text. An episode ends when its environment says ``done`` (status ``ok``), when it
 reaches ``max_turns`` assistant turns or the ``max_trajectory_tokens`` cap (status ``truncated``), or when
-its environment raises (status ``error``: reward 0, the message kept, the rest of the batch unaffected).
+its environment raises (status ``error``: reward 0, the message kept, the rest of the batch unaffected;
+an episode whose initial prompt does not fit under the cap is an error with its messages but no tokens).
+After scoring, each environment's ``close()`` (when it has one) ends its hold on the episode's tools.
 
 Token alignment (see :mod:`lopd_core.records.trajectory` and :mod:`lopd_core.records.chat`):
 
@@ -30,15 +32,19 @@ and batching (the engines), persistence (the callers).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lopd_core.config import RolloutConfig
+from lopd_core.envs.base import check_needs
 from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids, turn_suffix_ids
 from lopd_core.records.experience import observation_lite_messages, render_observation_lite
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.rollout.engines.base import Engine, SamplingParams
+
+log = logging.getLogger(__name__)
 
 MIN_TURN_TOKENS = 8
 """A new turn starts only when at least this many tokens fit under the trajectory cap."""
@@ -75,7 +81,9 @@ class _Episode:
 
 
 def _fail(ep: _Episode, where: str, exc: BaseException) -> None:
-    ep.status, ep.error, ep.finished = "error", f"{where}: {type(exc).__name__}: {exc}", True
+    """The episode errored: the message names the suite, the task and where it failed."""
+    ep.status, ep.finished = "error", True
+    ep.error = f"suite {ep.task.suite}, task {ep.task.task_id}: {where}: {type(exc).__name__}: {exc}"
 
 
 def _start(ep: _Episode, suite, tokenizer, cap: int) -> None:
@@ -103,6 +111,8 @@ def _start(ep: _Episode, suite, tokenizer, cap: int) -> None:
         ep.status, ep.finished = "error", True
         ep.error = (f"initial prompt of task {ep.task.task_id} is {ep.prompt_len} tokens, too long for "
                     f"rollout.max_trajectory_tokens={cap}; raise that cap or shorten the task")
+        # The record keeps the messages (what was too long) but no tokens: nothing over the cap is stored.
+        ep.token_ids, ep.mask, ep.logprobs, ep.prompt_len = [], [], [], 0
 
 
 def _assistant_text(tokenizer, ep: _Episode, ids: list[int], eot_ids: set[int]) -> tuple[str, str]:
@@ -127,8 +137,8 @@ def _finish_record(ep: _Episode, *, engine_name: str, sampling: dict[str, Any], 
                    policy_version: str, composer_version: str, step: int, cycle_id: str) -> Trajectory:
     task = ep.task
     reward, success, feedback, checklist = 0.0, False, "", {}
+    t0 = time.perf_counter()
     if ep.status != "error" and ep.env is not None:
-        t0 = time.perf_counter()
         try:
             res = ep.env.result()
             reward, success = float(res.reward), bool(res.success)
@@ -138,7 +148,13 @@ def _finish_record(ep: _Episode, *, engine_name: str, sampling: dict[str, Any], 
         except Exception as exc:
             _fail(ep, "env.result", exc)
             reward, success, feedback, checklist = 0.0, False, "", {}
-        ep.env_s += time.perf_counter() - t0
+    if callable(getattr(ep.env, "close", None)):
+        try:
+            ep.env.close()
+        except Exception as exc:
+            _fail(ep, "env.close", exc)
+            reward, success = 0.0, False
+    ep.env_s += time.perf_counter() - t0
     lite = observation_lite_messages(ep.messages, ep.initial_messages, max_chars=observation_max_chars)
     traj = Trajectory(
         task_id=task.task_id, suite=task.suite, family=task.family, split=task.split, level=task.level,
@@ -168,19 +184,50 @@ def sampling_params(rollout: RolloutConfig, tokenizer, *, seed: int | None,
                           stop_token_ids=end_of_turn_ids(tokenizer), seed=seed)
 
 
+class EpisodesFailed(RuntimeError):
+    """Every episode of a batch errored: the run produced nothing to learn from or to score."""
+
+    def __init__(self, trajectories: list[Trajectory]) -> None:
+        self.trajectories = trajectories
+        reasons = sorted({t.error for t in trajectories})
+        shown = "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} other reasons)" if len(reasons) > 3 else "")
+        super().__init__(f"all {len(trajectories)} episodes errored: {shown}")
+
+
 def play(rollout: RolloutConfig, engine: Engine, tokenizer, suite, tasks: list, *, seed: int | None,
          temperature: float | None = None, policy_version: str = "base", step: int = -1, cycle_id: str = "",
          progress: bool = False) -> list[Trajectory]:
     """:func:`run_episodes` with the turn, length and sampling settings of a ``rollout`` config section.
 
     Every caller that plays episodes (the cycle's rollouts, bank seeding, training steps, evaluation, the
-    CLI) goes through here, so the settings are read from the config in one place.
+    CLI) goes through here, so the settings are read from the config in one place. Fails loudly: a suite whose
+    declared needs (:class:`lopd_core.envs.base.SuiteNeeds`) the settings do not meet raises
+    :class:`~lopd_core.envs.base.SuiteNeedsError` before any episode runs, and a batch whose every episode
+    errored raises :class:`EpisodesFailed` with the reasons (it carries the trajectories).
     """
-    return run_episodes(engine, tokenizer, suite, tasks, max_turns=rollout.max_turns,
-                        max_trajectory_tokens=rollout.max_trajectory_tokens,
-                        sampling=sampling_params(rollout, tokenizer, seed=seed, temperature=temperature),
-                        observation_max_chars=rollout.observation_max_chars, policy_version=policy_version,
-                        step=step, cycle_id=cycle_id, progress=progress)
+    check_needs(suite, rollout, levels={t.level for t in tasks})
+    trajectories = run_episodes(engine, tokenizer, suite, tasks, max_turns=rollout.max_turns,
+                                max_trajectory_tokens=rollout.max_trajectory_tokens,
+                                sampling=sampling_params(rollout, tokenizer, seed=seed, temperature=temperature),
+                                observation_max_chars=rollout.observation_max_chars, policy_version=policy_version,
+                                step=step, cycle_id=cycle_id, progress=progress)
+    if trajectories and all(t.status == "error" for t in trajectories):
+        raise EpisodesFailed(trajectories)
+    for problem in episode_problems(trajectories):
+        log.warning(problem)
+    return trajectories
+
+
+def episode_problems(trajectories: list[Trajectory], limit: int = 5) -> list[str]:
+    """What went wrong outside the policy's control, one line per episode (at most ``limit``, then a count):
+    episodes that errored, and tools that raised an exception other than ``ToolError`` (a bug in the suite's
+    tools, or a value they do not handle; the agent saw it as an error and the episode was scored)."""
+    found = [t.error for t in trajectories if t.status == "error"]
+    found += [f"suite {t.suite}, task {t.task_id}: tool raised an unexpected exception: {crash}"
+              for t in trajectories for crash in t.checklist.get("tool_exceptions", [])[:1]]
+    if len(found) > limit:
+        found = [*found[:limit], f"... and {len(found) - limit} more episodes with problems"]
+    return found
 
 
 def run_episodes(engine: Engine, tokenizer, suite, tasks: list, *, max_turns: int, max_trajectory_tokens: int,

@@ -29,7 +29,7 @@ class ContextSuite:
 
     def __init__(self, suite: Suite, contexts: Contexts, *, placement: Placement):
         self.suite, self.contexts, self.placement = suite, contexts, placement
-        self.name, self.kind = suite.name, suite.kind
+        self.name, self.kind, self.needs = suite.name, suite.kind, getattr(suite, "needs", None)
 
     def tasks(self, split, n, *, level=1, seed=0):
         return self.suite.tasks(split, n, level=level, seed=seed)
@@ -50,6 +50,10 @@ class _ContextEnvironment:
 
     def result(self):
         return self.env.result()
+
+    def close(self):
+        if callable(getattr(self.env, "close", None)):
+            self.env.close()
 
 
 def sibling_oracle_hint(suite: Suite, tokenizer, *, level: int, seed: int, draw: int = 256) -> Contexts:

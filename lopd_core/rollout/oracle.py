@@ -50,19 +50,31 @@ def scripted_trajectory(tokenizer, *, initial: list[dict[str, Any]], replies: li
                       n_tool_calls=sum(o.get("role") == "tool" for o in observations), messages_lite=messages, **fields)
 
 
+def oracle_replies(task: Task) -> list[str]:
+    """The assistant turns of the task's oracle solution: ``task.oracle_turns``, else ``task.oracle`` split at
+    its tool responses (empty when the task has no oracle)."""
+    return list(task.oracle_turns) or [part.strip() for part in _RESPONSE.split(task.oracle) if part.strip()]
+
+
 def oracle_episode(tokenizer, suite: Suite, task: Task, **fields) -> Trajectory:
-    """``task.oracle`` played through the task's environment: the verifier's reward, the real observations."""
-    if not task.oracle:
+    """The task's oracle solution played through its environment: the verifier's reward, the real observations.
+
+    The replies are ``task.oracle_turns``, else ``task.oracle`` split at its tool responses."""
+    if not task.oracle and not task.oracle_turns:
         raise ValueError(f"task {task.task_id} has no oracle solution")
     env = suite.make_env(task)
-    initial = env.reset(task)
-    replies = [part.strip() for part in _RESPONSE.split(task.oracle) if part.strip()]
-    observations = []
-    for reply in replies:
-        result = env.step(reply)
-        if result.observation is not None and not result.done:
-            observations.append({"role": result.role, "content": result.observation})
-    outcome = env.result()
+    try:
+        initial = env.reset(task)
+        replies = oracle_replies(task)
+        observations = []
+        for reply in replies:
+            result = env.step(reply)
+            if result.observation is not None and not result.done:
+                observations.append({"role": result.role, "content": result.observation})
+        outcome = env.result()
+    finally:
+        if callable(getattr(env, "close", None)):
+            env.close()
     return scripted_trajectory(tokenizer, initial=initial, replies=replies, observations=observations[: len(replies)],
                                task=task, reward=outcome.reward, success=outcome.success, feedback=outcome.feedback,
                                policy_version="oracle", **fields)

@@ -25,6 +25,8 @@ from lopd_core.envs.base import Split, Task
 from lopd_core.envs.tool_env import (
     AnswerItem,
     Checklist,
+    EpisodeLog,
+    EpisodeTools,
     ToolUseEnvironment,
     oracle_transcript,
     score_checklist,
@@ -77,9 +79,8 @@ class ToolWorldSuite:
             task_id=task_id, suite=self.name, family=f"{domain.name}/{kind.__name__}", split=split, level=level,
             instruction=str(bp.instruction), tools=domain.schemas,
             payload={"domain": domain.name, "kind": kind.__name__, "phrasing": getattr(bp.instruction, "template", ""),
-                     "initial_state": bp.state, "checklist": checklist,
-                     "oracle_turns": [format_tool_call(c.name, c.arguments) for c in calls] + [bp.final_answer]},
-            oracle=oracle,
+                     "initial_state": bp.state, "checklist": checklist},
+            oracle=oracle, oracle_turns=[format_tool_call(c.name, c.arguments) for c in calls] + [bp.final_answer],
         )
 
     def make_env(self, task: Task) -> ToolUseEnvironment:
@@ -94,11 +95,15 @@ class ToolWorldSuite:
             initial_state=task.payload["initial_state"], expected_state=spec["expected_state"],
         )
 
-        def scorer(calls, final_answer, final_state):
-            return score_checklist(checklist, calls=calls, final_answer=final_answer, final_state=final_state)
+        def scorer(log: EpisodeLog):
+            return score_checklist(checklist, calls=log.calls, final_answer=log.final_answer, final_state=log.final_state)
+
+        def open_tools(task: Task) -> EpisodeTools:
+            box, state_of = domain.toolbox(_copy(task.payload["initial_state"]))
+            return EpisodeTools(box, state_of)
 
         shots = [m for shot in domain.shots[: self.n_shots] for m in shot.messages()]
-        return ToolUseEnvironment(task, domain.toolbox, scorer, system_prompt=domain.system_prompt, prefix_messages=shots)
+        return ToolUseEnvironment(task, open_tools, scorer, system_prompt=domain.system_prompt, prefix_messages=shots)
 
 
 def _copy(state: dict[str, Any]) -> dict[str, Any]:
