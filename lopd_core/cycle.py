@@ -47,6 +47,7 @@ from lopd_core.memory.curation import curate_store
 from lopd_core.memory.indexing import index_store
 from lopd_core.memory.store import ExperienceStore
 from lopd_core.metrics import numeric
+from lopd_core.models.loading import resolve_model_path
 from lopd_core.recipe import bank_from_store, cold_start_composer, evaluate_policy, seed_episodes
 from lopd_core.records.experience import Bank
 from lopd_core.registry import (
@@ -154,7 +155,8 @@ class CycleContext:
                                        config=self.cfg.model_dump(mode="json"), flow_run_id=self.flow_run_id)
 
     def champion(self):
-        return self.registry.bootstrap_base(self.cfg.model.base, config_hash=self.cfg.hash())
+        return self.registry.bootstrap_base(self.cfg.model.base, config_hash=self.cfg.hash(),
+                                            base_path=resolve_model_path(self.cfg.model.base, self.ws.models_dir))
 
     def _save(self) -> None:
         with self._record_lock:

@@ -22,7 +22,7 @@ base"); φ0 and its anchor cache stay those of the first cold start; β is resto
 Artifacts are plain directories that the registry logs as they are:
 
 ``student/``
-    ``lopd_student.json`` (``kind`` lora|full, ``base_model``, ``format``) and either a standard peft
+    ``lopd_student.json`` (``kind`` lora|full, ``base_model``, ``base_model_path``, ``format``) and either a standard peft
     adapter (``adapter_config.json`` + ``adapter_model.safetensors``; load with
     ``PeftModel.from_pretrained(base, dir)``) or a full Hugging Face model folder (+ tokenizer).
 ``composer/``
