@@ -33,6 +33,7 @@ from typing import Any
 from lopd_core.config import Config
 from lopd_core.cycle import MlflowMetricLogger
 from lopd_core.envs import get_suite, suite_kind
+from lopd_core.envs.base import task_fingerprint, tasks_by_id
 from lopd_core.evaluation import EVAL_SEED, score_tasks, summarize_rows, validation_tasks
 from lopd_core.inputs import render_model_inputs
 from lopd_core.memory.store import ExperienceStore
@@ -259,11 +260,12 @@ class Comparison:
             suite, cfg = _suite(self.suite_name), self.cfg
             e = cfg.evaluate
             test = suite.tasks("test", max(e.full_tasks, e.n_tasks), level=cfg.rollout.level, seed=EVAL_SEED)
-            seen = {t.instruction for t in read_episodes(self.bank_episodes)} if self.bank_episodes else set()
+            bank_ids = {r.task_id for r in read_episodes(self.bank_episodes)} if self.bank_episodes else set()
+            seen = {task_fingerprint(t) for t in tasks_by_id(suite, bank_ids).values()}
             for seed in range(8):  # the training orders of every seed a comparison runs (1000 + seed)
                 seeded = cfg.with_overrides({"distill.seed": 1000 + seed})
-                seen |= {t.instruction for t in task_order(suite, seeded, n_tasks=cfg.distill.tasks_per_step * cfg.distill.steps)}
-            validation = validation_tasks(suite, e.full_tasks, level=cfg.rollout.level, exclude_instructions=seen) \
+                seen |= {task_fingerprint(t) for t in task_order(suite, seeded, n_tasks=cfg.distill.tasks_per_step * cfg.distill.steps)}
+            validation = validation_tasks(suite, e.full_tasks, level=cfg.rollout.level, exclude=seen) \
                 if e.full_tasks else []
             self._tasks = {"test": test, "validation": validation}
         return self._tasks

@@ -27,6 +27,7 @@ import torch
 
 from lopd_core.config import Config
 from lopd_core.envs import get_suite
+from lopd_core.envs.base import task_fingerprint
 from lopd_core.privilege import action_logprobs, first_call_probabilities
 from lopd_core.records.chat import render_prompt_ids
 from lopd_core.records.trajectory import Trajectory
@@ -101,10 +102,14 @@ VALIDATION_SEED = 20_011
 training run, bank or cycle uses it (:func:`lopd_core.training.task_order` refuses it)."""
 
 
-def validation_tasks(suite, n: int, *, level: int, exclude_instructions: set[str] = frozenset()) -> list:
-    """``n`` validation tasks (:data:`VALIDATION_SEED`), leaving out any whose request a training task has."""
-    out = [t for t in suite.tasks("train", 3 * n, level=level, seed=VALIDATION_SEED)
-           if t.instruction not in exclude_instructions]
+def validation_tasks(suite, n: int, *, level: int, exclude: set[str] = frozenset()) -> list:
+    """``n`` validation tasks: the training split's phrasings and templates, drawn with
+    :data:`VALIDATION_SEED` (no training order uses it), leaving out any task a training task or a bank
+    episode already is (``exclude``: :func:`~lopd_core.envs.base.task_fingerprint` values). Only the task's
+    content counts: the same request in another world is another task, so families with few distinct
+    requests (e.g. "How many meetings do I have today?") stay in the split."""
+    out = [t for t in suite.tasks("train", 2 * n, level=level, seed=VALIDATION_SEED)
+           if task_fingerprint(t) not in exclude]
     return out[:n]
 
 

@@ -25,7 +25,7 @@ from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_bat
 from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, student_logprobs
 from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prompts
 from lopd_core.config import Config
-from lopd_core.envs.base import Suite, Task
+from lopd_core.envs.base import Suite, Task, tasks_by_id
 from lopd_core.models.composer import ComposerState
 from lopd_core.models.latent import TeacherPrompt
 from lopd_core.models.policy import PolicySet
@@ -190,7 +190,7 @@ def probe_teacher(cfg: Config, policies: PolicySet, suite: Suite, episodes: list
 
     teacher_lp = action_logprobs(policies, rows, teacher=builder)
     base_lp = base_logprobs(rows, "")
-    tasks = {r.task_id: t for r in rows for t in [task_by_id(suite, r.task_id)] if t is not None}
+    tasks = {i: t for i, t in tasks_by_id(suite, [r.task_id for r in rows]).items() if t.oracle}
     with_oracle = [r for r in rows if r.task_id in tasks]
     oracle = oracle_rows(policies.tokenizer, suite, tasks, with_oracle)
     teacher_oracle = first_call_probabilities(policies.tokenizer, oracle, action_logprobs(policies, oracle, teacher=builder))
@@ -201,14 +201,3 @@ def probe_teacher(cfg: Config, policies: PolicySet, suite: Suite, episodes: list
     summary["without_context"] = len(found) - len(with_context)
     return summary
 
-
-def task_by_id(suite: Suite, task_id: str) -> Task | None:
-    """Recreate a task from its id (``<suite>/<split>/L<level>/s<seed>/<index>``, the built-in suites' form)."""
-    parts = task_id.split("/")
-    try:
-        split, level, seed, index = parts[-4], int(parts[-3].removeprefix("L")), int(parts[-2].removeprefix("s")), int(parts[-1])
-    except (IndexError, ValueError):
-        return None
-    tasks = suite.tasks(split, index + 1, level=level, seed=seed)
-    task = tasks[index] if index < len(tasks) else None
-    return task if task is not None and task.task_id == task_id and task.oracle else None

@@ -153,3 +153,32 @@ def test_worked_examples_use_entities_of_neither_split(suite):
         for shot in domain.shots:
             text = json.dumps([m["content"] for m in shot.messages()])
             assert not any(e in text for e in pools), (domain.name, shot.request)
+
+
+def test_tasks_are_recreated_from_their_ids_and_fingerprinted_by_content(suite):
+    from lopd_core.envs.base import task_fingerprint, tasks_by_id
+
+    made = suite.tasks("train", 12, level=1, seed=7) + suite.tasks("test", 3, level=2, seed=9)
+    back = tasks_by_id(suite, [t.task_id for t in made] + ["not/an/id", "codegen/train/L1/s7/00001"])
+    assert set(back) == {t.task_id for t in made}  # another suite's id names none of these tasks
+    assert all(task_fingerprint(back[t.task_id]) == task_fingerprint(t) for t in made)
+    # the same request in another world is another task
+    same_text = [(a, b) for a in made for b in made if a is not b and a.instruction == b.instruction]
+    assert all(task_fingerprint(a) != task_fingerprint(b) for a, b in same_text)
+
+
+def test_validation_split_covers_every_family_and_leaves_out_what_training_saw(suite):
+    from lopd_core.config import load_config
+    from lopd_core.envs.base import task_fingerprint
+    from lopd_core.evaluation import VALIDATION_SEED, validation_tasks
+    from lopd_core.training import task_order
+
+    cfg = load_config("demo", {"distill.steps": 20})
+    seen = {task_fingerprint(t) for t in task_order(suite, cfg, n_tasks=160)}
+    valid = validation_tasks(suite, 64, level=1, exclude=seen)
+    assert len(valid) == 64 and not {task_fingerprint(t) for t in valid} & seen
+    assert all(f"/s{VALIDATION_SEED}/" in t.task_id and t.split == "train" for t in valid)
+    families = {t.family for t in suite.tasks("train", 200, level=1, seed=0)}
+    assert {t.family for t in valid} == families  # few distinct requests (count_meetings) do not empty a family
+    dropped = validation_tasks(suite, 64, level=1, exclude={task_fingerprint(valid[0])})
+    assert valid[0].task_id not in {t.task_id for t in dropped}

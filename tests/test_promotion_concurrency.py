@@ -29,6 +29,7 @@ n = 0
 while not stop.exists():
     reg.promote(pairs[n % len(pairs)], force=True)
     n += 1
+    (home / "promotions").write_text(str(n))
 print(n, flush=True)
 """
 
@@ -39,6 +40,7 @@ while not stop.exists():
     try:
         reg.rollback()
         n += 1
+        (home / "rollbacks").write_text(str(n))
     except RuntimeError:  # the champion was never promoted over another pair
         time.sleep(0.005)
 print(n, flush=True)
@@ -47,8 +49,15 @@ print(n, flush=True)
 _READER = _OPEN + """
 reads, mirror_disagreed = [], 0
 print("ready", flush=True)
-try:
-    for _ in range(int(sys.argv[2])):
+def done(name):
+    try:
+        return int((home / name).read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+started = time.monotonic()
+try:  # at least the asked number of reads, and on until both writers have each done 10 (under load that takes longer)
+    while len(reads) < int(sys.argv[2]) or (min(done("promotions"), done("rollbacks")) < 10
+                                            and time.monotonic() - started < 240):
         pair = reg.champion()
         reads.append([pair.student, pair.composer])
         s = reg.client.get_model_version_by_alias(reg.cfg.student_model, "champion").version

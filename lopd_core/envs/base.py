@@ -11,6 +11,10 @@ test tasks come from disjoint templates/entities, so evaluation tasks never appe
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -76,3 +80,33 @@ class Suite(Protocol):
     def tasks(self, split: Split, n: int, *, level: int = 1, seed: int = 0) -> list[Task]: ...
 
     def make_env(self, task: Task) -> Environment: ...
+
+
+_TASK_ID = re.compile(r"/(?P<split>[^/]+)/L(?P<level>\d+)/s(?P<seed>-?\d+)/(?P<index>\d+)$")
+
+
+def tasks_by_id(suite: Suite, task_ids) -> dict[str, Task]:
+    """Recreate tasks from their ids (``<suite>/<split>/L<level>/s<seed>/<index>``, the built-in suites' form;
+    other ids are left out). Each (split, level, seed) is generated once, up to its largest index."""
+    wanted: dict[tuple[str, int, int], dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for task_id in set(task_ids):
+        m = _TASK_ID.search(task_id)
+        if m:  # another suite's id can share (split, level, seed, index): keep every id, match by the whole id
+            wanted[(m["split"], int(m["level"]), int(m["seed"]))][int(m["index"])].add(task_id)
+    out = {}
+    for (split, level, seed), by_index in wanted.items():
+        try:
+            tasks = suite.tasks(split, max(by_index) + 1, level=level, seed=seed)  # type: ignore[arg-type]
+        except (ValueError, KeyError):
+            continue
+        for index, ids in by_index.items():
+            if index < len(tasks) and tasks[index].task_id in ids:
+                out[tasks[index].task_id] = tasks[index]
+    return out
+
+
+def task_fingerprint(task: Task) -> str:
+    """What makes two tasks the same task: the request and the world it runs in (the payload). The same
+    request in another world (other records, another answer) is another task."""
+    content = json.dumps([task.instruction, task.payload], sort_keys=True, default=str)
+    return hashlib.sha256(content.encode()).hexdigest()
