@@ -187,6 +187,16 @@ class ChampionMoved(PromotionRefused):
         self.expected, self.current = expected, current
 
 
+def run_params(cfg) -> dict[str, Any]:
+    """The params every training run logs (cycle, comparison run, `lopd distill`), so that MLflow's compare
+    view can group and filter runs by them. ``cfg`` is a :class:`lopd_core.config.Config`."""
+    d = cfg.distill
+    return {"profile": cfg.name, "suite": cfg.rollout.suite, "method": d.method, "base_model": cfg.model.base,
+            "student": cfg.model.student, "steps": d.steps, "tasks_per_step": d.tasks_per_step,
+            "group_size": d.group_size, "lr_student": d.lr_student, "seed": d.seed, "engine": cfg.rollout.engine,
+            "config_hash": cfg.hash()}
+
+
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class PairVersion:
@@ -336,29 +346,40 @@ class ModelRegistry:
                                  self.cfg.heartbeat_seconds)
         return run_id
 
-    def cycle_run(self, cycle_id: str, *, params: dict[str, Any] | None = None, config: dict | None = None,
-                  flow_run_id: str = "") -> str:
-        """The MLflow run of a cycle (created once; re-running a cycle id reuses and reopens it)."""
-        run = self.find_run("lopd.cycle_id", cycle_id)
+    def keyed_run(self, experiment_id: str, tag: str, key: str, *, run_name: str = "", params: dict[str, Any] | None = None,
+                  tags: dict[str, str] | None = None, config: dict | None = None, flow_run_id: str = "") -> str:
+        """The run tagged ``tag = key`` in ``experiment_id``: created once (with its params, tags and the config
+        as ``config.json``), found, reopened and re-claimed by every later call with the same key."""
+        run = self.find_run(tag, key, experiment_id)
         if run is not None:
             return self._claim(run, flow_run_id)
-        run = self.client.create_run(self.experiment_id, run_name=f"cycle-{cycle_id}",
-                                     tags={"lopd.cycle_id": cycle_id, "lopd.kind": "cycle"})
+        run = self.client.create_run(experiment_id, run_name=run_name or key, tags={tag: key, **(tags or {})})
         run_id = self._claim(self.client.get_run(run.info.run_id), flow_run_id)
-        for k, v in (params or {}).items():
-            self.client.log_param(run_id, k, str(v)[:500])
+        if params:
+            from mlflow.entities import Param
+
+            self.client.log_batch(run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
         if config is not None:
             self.client.log_dict(run_id, config, "config.json")
         return run_id
 
-    def comparison_run(self, experiment: str, key: str, *, tags: dict[str, str] | None = None) -> str:
+    def cycle_run(self, cycle_id: str, *, params: dict[str, Any] | None = None, config: dict | None = None,
+                  flow_run_id: str = "") -> str:
+        """The MLflow run of a cycle (created once; re-running a cycle id reuses and reopens it)."""
+        return self.keyed_run(self.experiment_id, "lopd.cycle_id", cycle_id, run_name=f"cycle-{cycle_id}",
+                              params=params, tags={"lopd.kind": "cycle"}, config=config, flow_run_id=flow_run_id)
+
+    def comparison_run(self, experiment: str, key: str, *, params: dict[str, Any] | None = None,
+                       tags: dict[str, str] | None = None, config: dict | None = None, flow_run_id: str = "") -> str:
         """The MLflow run of one comparison run (``key`` = ``<method>-s<seed>``) in ``experiment``, created once."""
-        experiment_id = self.experiment_for(experiment)
-        run = self.find_run("lopd.compare_run", key, experiment_id)
-        if run is None:
-            run = self.client.create_run(experiment_id, run_name=key, tags={"lopd.compare_run": key, **(tags or {})})
-            run = self.client.get_run(run.info.run_id)
-        return self._claim(run)
+        return self.keyed_run(self.experiment_for(experiment), "lopd.compare_run", key, params=params,
+                              tags={"lopd.kind": "compare", **(tags or {})}, config=config, flow_run_id=flow_run_id)
+
+    def training_run(self, experiment: str, key: str, *, params: dict[str, Any] | None = None,
+                     config: dict | None = None) -> str:
+        """The MLflow run of a `lopd distill` run (``key`` = its run name) in ``experiment``, created once."""
+        return self.keyed_run(self.experiment_for(experiment), "lopd.distill_run", key, params=params,
+                              tags={"lopd.kind": "distill"}, config=config)
 
     def metric_by_step(self, run_id: str, key: str) -> dict[int, float]:
         """A metric's history as ``{step: value}``; a step logged twice (a resumed step) keeps its last value."""
