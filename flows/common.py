@@ -20,7 +20,9 @@ import atexit
 import contextlib
 import fcntl
 import json
+import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -116,7 +118,10 @@ def check_deployment_suites(cfg: Config, profile: str, suites: dict[str, str] | 
 
 
 def config(profile: str, overrides: list[str] | None, *, suites: dict[str, str] | None = None) -> Config:
-    """The flow's configuration; in a deployment run, with :func:`check_deployment_suites` applied."""
+    """The flow's configuration; in a deployment run, with :func:`check_deployment_suites` applied. Every
+    flow and task starts here, so this is also where the library's log lines are forwarded to the run
+    (:func:`forward_library_logs`)."""
+    forward_library_logs()
     cfg = load_config(profile, overrides or [])
     if deployment_run():
         check_deployment_suites(cfg, profile, suites)
@@ -203,6 +208,59 @@ def flow_run_id() -> str:
     from prefect.runtime import flow_run
 
     return str(flow_run.id or "")
+
+
+def artifact_key(*parts: str) -> str:
+    """A Prefect artifact key from ``parts`` (keys allow lowercase letters, digits and dashes only)."""
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+
+
+# --------------------------------------------------------------------------------------------------
+# Watching a run: the library's log lines and progress in the Prefect UI
+class _InRun(logging.Filter):
+    """Pass only records made inside a flow or task run (the API handler has nowhere to send the others)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from prefect.context import FlowRunContext, TaskRunContext
+
+        return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
+def forward_library_logs() -> None:
+    """Send the ``lopd_core`` loggers' INFO lines (one per training step, …) to the Prefect run they are
+    made in — what ``PREFECT_LOGGING_EXTRA_LOGGERS=lopd_core`` does, also in a worker started without it.
+    Records made outside a run (a heartbeat thread, the CLI around the flow) stay local. Idempotent."""
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger("lopd_core")
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    if not any(isinstance(h, APILogHandler) for h in logger.handlers):
+        handler = APILogHandler()
+        handler.addFilter(_InRun())
+        logger.addHandler(handler)
+
+
+@contextlib.contextmanager
+def progress_artifact(follow: str, *, key: str, description: str):
+    """A progress artifact of the running flow or task, moved by the library's ``follow`` progress reports
+    (:mod:`lopd_core.progress`: ``episodes``, ``distill``). A failed update is printed, never raised."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    from lopd_core.progress import reporting
+
+    artifact_id = create_progress_artifact(0.0, key=key, description=description)
+
+    def listener(name: str, done: int, total: int) -> None:
+        if name != follow or total <= 0:
+            return
+        try:
+            update_progress_artifact(artifact_id, round(100.0 * done / total, 1))
+        except Exception as e:  # the UI lags; the work goes on
+            print(f"progress artifact {key}: update failed ({type(e).__name__}: {e})")
+
+    with reporting(listener):
+        yield artifact_id
 
 
 # --------------------------------------------------------------------------------------------------

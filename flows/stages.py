@@ -1,7 +1,11 @@
 """The cycle's stages as Prefect tasks, and each stage as its own small flow.
 
 Each task rebuilds the config from (profile, overrides) and calls :func:`lopd_core.cycle.run_stage`, which
-is idempotent on the cycle id; results are small dicts. The one-stage flows are named ``lopd-stage-<stage>``
+is idempotent on the cycle id; results are small dicts. A stage the cycle record already holds (a retried or
+re-run cycle) is not run again: its task ends in a Completed state named ``Cached`` carrying the recorded
+result, so the UI shows it as reused. While the rollouts, distill and evaluate stages run, a progress artifact
+of their task moves with each finished episode (rollouts, evaluate) or training step (distill), and the
+library's log lines (one per training step) are in the task's log (:func:`flows.common.forward_library_logs`). The one-stage flows are named ``lopd-stage-<stage>``
 (``lopd-evaluate`` and ``lopd-promote`` are the standalone flows of :mod:`flows.evaluate` and
 :mod:`flows.promote`, which act on registered versions). Run one stage by hand, e.g.::
 
@@ -10,15 +14,30 @@ is idempotent on the cycle id; results are small dicts. The one-stage flows are 
 
 from __future__ import annotations
 
-from prefect import flow, task
+import contextlib
 
-from flows.common import config, flow_run_id, transient
-from lopd_core.cycle import STAGES, run_stage
+from prefect import flow, task
+from prefect.states import Completed
+
+from flows.common import artifact_key, config, flow_run_id, progress_artifact, transient
+from lopd_core.cycle import STAGES, recorded_stages, run_stage
+
+PROGRESS = {"rollouts": "episodes", "distill": "distill", "evaluate": "episodes"}
+"""The :mod:`lopd_core.progress` reports a stage's progress artifact follows."""
 
 
 @task(name="stage", retry_condition_fn=transient, persist_result=False)
-def stage_task(stage: str, profile: str, overrides: list[str], cycle_id: str) -> dict:
-    return run_stage(config(profile, overrides), cycle_id, stage, flow_run_id=flow_run_id())
+def stage_task(stage: str, profile: str, overrides: list[str], cycle_id: str):
+    cfg = config(profile, overrides)
+    if stage in recorded_stages(cfg, cycle_id):
+        return Completed(name="Cached", message=f"cycle {cycle_id}: stage {stage} already completed; its recorded "
+                         "result is reused", data=run_stage(cfg, cycle_id, stage))
+    follow = PROGRESS.get(stage)
+    watch = (progress_artifact(follow, key=artifact_key("cycle", cycle_id, stage, "progress"),
+                               description=f"cycle {cycle_id}: {stage} ({follow})")
+             if follow else contextlib.nullcontext())
+    with watch:
+        return run_stage(cfg, cycle_id, stage, flow_run_id=flow_run_id())
 
 
 def stage(name: str, profile: str, overrides: list[str], cycle_id: str) -> dict:

@@ -15,6 +15,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="LOPD: contin
 app.add_typer(models.models_app, name="models")
 app.add_typer(models.config_app, name="config")
 app.command()(models.status)
+app.command()(models.export)
 app.command()(rollout.rollout)
 app.add_typer(sandbox.sandbox_app, name="sandbox")
 app.add_typer(suite.suite_app, name="suite")

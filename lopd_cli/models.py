@@ -1,9 +1,10 @@
-"""`lopd models …`, `lopd config …` and `lopd status`."""
+"""`lopd models …`, `lopd config …`, `lopd status` and `lopd export`."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -95,3 +96,25 @@ def status(profile: Profile = "demo", set_: Overrides = None, as_json: JsonFlag 
     for section, value in info.items():
         if section != "workspace":
             out.print(f"[bold]{section}[/bold]: {json.dumps(value, default=str)}", highlight=False)
+
+
+def export(
+    out_dir: Annotated[Path, typer.Option("--out", help="New folder for the merged Hugging Face model.")],
+    version: Annotated[str, typer.Option(help="'champion', 'challenger' or a student version number.")] = "champion",
+    profile: Profile = "demo",
+    set_: Overrides = None,
+    as_json: JsonFlag = False,
+):
+    """Write a registered student as one Hugging Face folder (LoRA merged into the base), loadable by
+    AutoModelForCausalLM.from_pretrained and `vllm serve`."""
+    from lopd_core.operations import export_version
+
+    cfg = load(profile, set_)
+    try:
+        result = export_version(cfg, version, out_dir)
+    except (ValueError, FileExistsError, FileNotFoundError) as e:
+        fail(str(e))
+    if as_json:
+        emit_json(result)
+    else:
+        out.print(f"student v{result['student_version']} → {result['out']}", highlight=False)

@@ -47,6 +47,23 @@ def _bank(cfg, policies, suite):
     return memory_bank(episodes, cfg, kind=suite_kind(cfg.rollout.suite))
 
 
+def _mlflow_run(cfg, ws, run: str):
+    """(registry, run id) of this training run in the MLflow experiment ``lopd-distill`` (created once per run
+    name, reopened on resume); None where MLflow is not installed (a torch-only machine)."""
+    try:
+        from lopd_core.registry import ModelRegistry, run_params
+
+        registry = ModelRegistry.from_workspace(ws, cfg.registry)
+    except ImportError as e:
+        err.print(f"MLflow unavailable ({e}); metrics go to metrics.jsonl only", highlight=False)
+        return None
+    return registry, registry.training_run(DISTILL_EXPERIMENT, run, params=run_params(cfg),
+                                           config=cfg.model_dump(mode="json"))
+
+
+DISTILL_EXPERIMENT = "lopd-distill"
+
+
 def distill(
     profile: Profile = "demo",
     set_: Overrides = None,
@@ -61,8 +78,9 @@ def distill(
     as_json: JsonFlag = False,
 ):
     """Run N training steps (LOPD or a baseline); --cold-start trains the composer first."""
+    from lopd_core.cycle import MlflowMetricLogger
     from lopd_core.envs import get_suite
-    from lopd_core.metrics import JsonlLogger
+    from lopd_core.metrics import JsonlLogger, MultiLogger
     from lopd_core.models.loading import ModelNotFoundError
     from lopd_core.recipe import cold_start_composer
     from lopd_core.training import build_policies, needs_composer, train
@@ -94,16 +112,26 @@ def distill(
         except ValueError as e:
             fail(f"cold start: {e}")
         composer_init = cold.composer_dir
+    tracked = _mlflow_run(cfg, ws, run)
+    logger = MultiLogger(JsonlLogger(run_dir / "metrics.jsonl"),
+                         MlflowMetricLogger(*tracked) if tracked is not None else None)
     try:
         result = train(cfg, suite=suite_obj, bank=bank, run_dir=run_dir, student_init=student_init,
-                       composer_init=composer_init, logger=JsonlLogger(run_dir / "metrics.jsonl"), resume=resume,
+                       composer_init=composer_init, logger=logger, resume=resume,
                        policies=policies, pretraining_episodes=0 if bank.source == "lancedb" else bank.episodes)
-    except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+    except BaseException as e:
+        if tracked is not None:
+            tracked[0].end_run(tracked[1], "FAILED", reason=f"{type(e).__name__}: {e}")
+        if isinstance(e, ValueError | FileNotFoundError):
+            fail(str(e))
+        raise
+    if tracked is not None:
+        tracked[0].end_run(tracked[1])
     summary = {"run": run, "method": cfg.distill.method, "profile": cfg.name, "suite": cfg.rollout.suite,
                "retriever": bank.source, "experience_bank_version": bank.version,
                "experience_bank_successes": len(bank.successes),
                "cold_start": cold.to_dict() if cold else None, "metrics_path": str(run_dir / "metrics.jsonl"),
+               "mlflow_run_id": tracked[1] if tracked is not None else None,
                **result.to_dict()}
     if as_json:
         emit_json(summary)

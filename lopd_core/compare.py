@@ -48,7 +48,7 @@ from lopd_core.recipe import (
 )
 from lopd_core.records.experience import Bank
 from lopd_core.records.trajectory import Trajectory
-from lopd_core.registry import ModelRegistry
+from lopd_core.registry import ModelRegistry, run_params
 from lopd_core.training import build_policies, needs_composer, task_order, train
 from lopd_core.workspace import Workspace
 
@@ -347,8 +347,11 @@ class Comparison:
             curve.append({"step": 0, "episodes": 0, **base["fields"]})
             curve_file.write_text(json.dumps(curve[0]) + "\n")
 
-        run_id = self.registry.comparison_run(f"compare-{self.suite_name}", spec.key,
-                                              tags={"method": spec.name, "seed": str(spec.seed)})
+        run_id = self.registry.comparison_run(
+            f"compare-{self.suite_name}", spec.key, tags={"method": spec.name, "seed": str(spec.seed)},
+            params={**run_params(cfg), "run": spec.name, "budget": self.budget, "eval_every": self.eval_every,
+                    **{f"override.{k}": v for k, v in spec.overrides.items()}},
+            config=cfg.model_dump(mode="json"))
         self.registry.log_metrics(run_id, {"eval/success_rate": base["eval/success_rate"]}, step=0)
         policies = build_policies(cfg, models_dir=self.ws.models_dir)
         tokens = {"generated": 0, "trajectory": 0}

@@ -35,6 +35,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from lopd_core.memory.curation import curate_store
 from lopd_core.memory.indexing import index_store
 from lopd_core.memory.store import ExperienceStore
 from lopd_core.metrics import numeric
+from lopd_core.models.loading import resolve_model_path
 from lopd_core.recipe import bank_from_store, cold_start_composer, evaluate_policy, seed_episodes
 from lopd_core.records.experience import Bank
 from lopd_core.registry import (
@@ -59,6 +61,7 @@ from lopd_core.registry import (
     PairVersion,
     is_base_marker,
     run_gate,
+    run_params,
 )
 from lopd_core.training import build_policies, load_student_init, needs_composer, train
 from lopd_core.workspace import Workspace
@@ -103,6 +106,13 @@ class CycleRecord:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({**asdict(self), "state": self.state.value}, indent=2, default=str))
         os.replace(tmp, path)
+
+
+def cycle_id_at(moment: datetime, *, run_id: str = "") -> str:
+    """The cycle id of a run started (or scheduled) at ``moment``: ``20261205T1300Z`` (UTC, to the minute),
+    followed by ``-`` and the first 8 characters of ``run_id`` when given (runs nobody scheduled)."""
+    stamp = moment.astimezone(UTC).strftime("%Y%m%dT%H%MZ")
+    return check_cycle_id(f"{stamp}-{run_id.replace('-', '')[:8]}" if run_id else stamp)
 
 
 def cycle_seed(cycle_id: str, base_seed: int = 0) -> int:
@@ -150,11 +160,12 @@ class CycleContext:
 
     @cached_property
     def mlflow_run_id(self) -> str:
-        return self.registry.cycle_run(self.cycle_id, params=_params(self.cfg, self.cycle_id),
+        return self.registry.cycle_run(self.cycle_id, params={"cycle_id": self.cycle_id, **run_params(self.cfg)},
                                        config=self.cfg.model_dump(mode="json"), flow_run_id=self.flow_run_id)
 
     def champion(self):
-        return self.registry.bootstrap_base(self.cfg.model.base, config_hash=self.cfg.hash())
+        return self.registry.bootstrap_base(self.cfg.model.base, config_hash=self.cfg.hash(),
+                                            base_path=resolve_model_path(self.cfg.model.base, self.ws.models_dir))
 
     def _save(self) -> None:
         with self._record_lock:
@@ -174,6 +185,19 @@ class CycleContext:
                 self.registry.end_run(run.info.run_id, "FAILED", reason=self.record.error)
         except Exception as e:
             log.warning("cycle %s: could not mark its MLflow run FAILED: %s", self.cycle_id, e)
+
+    def mark_failed(self, reason: str) -> bool:
+        """A cycle whose run failed outside a stage (or crashed): its record and its MLflow run FAILED, unless
+        it completed. Returns whether there was a started cycle to mark. (A stage that raises marks both
+        itself; a killed process is found by the reaper.)"""
+        if not self.record_path.exists() or self.record.state == CycleState.COMPLETED:
+            return False
+        with self._record_lock:
+            if self.record.state != CycleState.FAILED or not self.record.error:
+                self.record.state, self.record.error = CycleState.FAILED, reason
+                self.record.save(self.record_path)
+        self._fail_mlflow_run()
+        return True
 
     def run_stage(self, name: str, fn) -> dict[str, Any]:
         """Run ``fn(self)`` once per cycle id; later calls return the recorded result.
@@ -210,12 +234,6 @@ class CycleContext:
                 self.record.state, self.record.finished_at = CycleState.COMPLETED, time.time()
             self.record.save(self.record_path)
         return result
-
-
-def _params(cfg: Config, cycle_id: str) -> dict[str, Any]:
-    return {"cycle_id": cycle_id, "profile": cfg.name, "suite": cfg.rollout.suite, "method": cfg.distill.method,
-            "base_model": cfg.model.base, "student": cfg.model.student, "steps": cfg.distill.steps,
-            "tasks_per_step": cfg.distill.tasks_per_step, "config_hash": cfg.hash()}
 
 
 def _policies(ctx: CycleContext, student_version: str | None):
@@ -432,7 +450,7 @@ def stage_promote(ctx: CycleContext) -> dict[str, Any]:
     report = cycle_report(ctx, result)
     (ctx.dir / "report.md").write_text(report)
     ctx.registry.log_artifact_text(ctx.mlflow_run_id, report, "report.md")
-    curve = learning_curve(ctx)
+    curve = learning_curve(ctx, result)
     if curve is not None:
         ctx.registry.log_artifact_file(ctx.mlflow_run_id, curve)
     ctx.registry.end_run(ctx.mlflow_run_id)
@@ -447,6 +465,16 @@ def run_stage(cfg: Config, cycle_id: str, stage: str, *, flow_run_id: str = "") 
     """Run one stage of a cycle (what every flow task calls)."""
     ctx = CycleContext(cfg, cycle_id, flow_run_id=flow_run_id)
     return ctx.run_stage(stage, STAGE_FUNCTIONS[stage])
+
+
+def recorded_stages(cfg: Config, cycle_id: str) -> list[str]:
+    """The stages of ``cycle_id`` that completed (their results are recorded and will be returned as they are)."""
+    return list(CycleContext(cfg, cycle_id).record.stages)
+
+
+def mark_cycle_failed(cfg: Config, cycle_id: str, *, reason: str) -> bool:
+    """:meth:`CycleContext.mark_failed` of ``cycle_id`` (what the flow's failure and crash hooks call)."""
+    return CycleContext(cfg, cycle_id).mark_failed(reason)
 
 
 def reap_cycle_records(ws: Workspace, *, stale_after: float) -> list[dict[str, str]]:
@@ -533,12 +561,34 @@ def cycle_report(ctx: CycleContext, promote: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def learning_curve(ctx: CycleContext) -> Path | None:
-    """PNG of the distillation metrics per step (and success per cycle so far)."""
-    history_file = ctx.dir / "distill_history.json"
-    if not history_file.exists():
-        return None
-    history = json.loads(history_file.read_text())
+def cycle_history(ws: Workspace) -> list[dict[str, Any]]:
+    """Held-out success of the champion and the challenger of every evaluated cycle of the workspace, in the
+    order the cycles started, with the promotion decision (None while a cycle has not reached promote)."""
+    rows = []
+    for path in ws.runs_dir.glob("*/cycle.json"):
+        try:
+            record = CycleRecord.load(path, path.parent.name)
+        except (ValueError, TypeError, KeyError):
+            continue
+        evaluation, promote = record.stages.get("evaluate"), record.stages.get("promote", {})
+        if not evaluation:
+            continue
+        rows.append({"cycle_id": record.cycle_id, "started_at": record.started_at,
+                     "champion_student": str(evaluation["champion_student"]),
+                     "champion_success": evaluation["champion"].get(SUCCESS),
+                     "challenger_success": evaluation["challenger"].get(SUCCESS),
+                     "student_version": promote.get("student_version"), "promoted": promote.get("promoted")})
+    return sorted(rows, key=lambda r: r["started_at"])
+
+
+def learning_curve(ctx: CycleContext, promote: dict[str, Any] | None = None) -> Path | None:
+    """PNG of held-out success across the workspace's cycles: the champion each cycle was compared with (line)
+    and each cycle's challenger (dots), a promoted challenger starred and labelled with its version.
+    ``promote``: this cycle's promote result, when it is not recorded yet (the promote stage draws it)."""
+    history = cycle_history(ctx.ws)
+    for row in history:
+        if promote is not None and row["cycle_id"] == ctx.cycle_id:
+            row.update(student_version=promote["student_version"], promoted=promote["promoted"])
     if not history:
         return None
     import matplotlib
@@ -546,14 +596,22 @@ def learning_curve(ctx: CycleContext) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [k for k in ("rollout/success_rate", "distill/kl_topk", "distill/privilege_delta", "distill/beta")
-            if any(k in h for h in history)]
-    fig, axes = plt.subplots(1, max(len(keys), 1), figsize=(3.2 * max(len(keys), 1), 2.8), squeeze=False)
-    for ax, key in zip(axes[0], keys, strict=False):
-        ax.plot([h.get(key, float("nan")) for h in history], marker="o")
-        ax.set_title(key, fontsize=9)
-        ax.set_xlabel("step")
-    fig.suptitle(f"cycle {ctx.cycle_id}", fontsize=10)
+    x = list(range(len(history)))
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(history) + 2.5), 3.2))
+    ax.plot(x, [h["champion_success"] for h in history], marker="s", color="tab:blue", label="@champion")
+    ax.scatter(x, [h["challenger_success"] for h in history], color="tab:orange", zorder=3, label="challenger")
+    promoted = [i for i, h in enumerate(history) if h["promoted"]]
+    if promoted:
+        ax.scatter([x[i] for i in promoted], [history[i]["challenger_success"] for i in promoted], marker="*", s=220,
+                   color="tab:green", zorder=4, label="promoted")
+        for i in promoted:
+            ax.annotate(f"v{history[i]['student_version']}", (x[i], history[i]["challenger_success"]),
+                        textcoords="offset points", xytext=(6, 6), fontsize=8)
+    ax.set_xticks(x, [h["cycle_id"] for h in history], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("held-out success")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(f"held-out success across cycles (up to {ctx.cycle_id})", fontsize=9)
     fig.tight_layout()
     path = ctx.dir / "learning_curve.png"
     fig.savefig(path, dpi=100)

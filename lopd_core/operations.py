@@ -1,4 +1,4 @@
-"""Manual operations on a workspace: evaluate a registered version, run the gate, roll back, backfill.
+"""Manual operations on a workspace: evaluate a registered version, run the gate, roll back, export, backfill.
 
 These back the ``lopd-evaluate``, ``lopd-promote``, ``lopd-rollback`` and ``lopd-backfill`` deployments
 and the matching CLI commands. Like the cycle stages they return small dicts and are idempotent:
@@ -9,6 +9,8 @@ and the matching CLI commands. Like the cycle stages they return small dicts and
   moves ``@champion`` when the gate passes against the champion of that moment (compare-and-set under the
   registry lock); a rolled-back challenger needs ``force``;
 - ``rollback`` re-points ``@champion`` under the same lock and marks the old champion rolled back;
+- ``export_version`` writes a registered student as one merged Hugging Face folder (for ``vllm serve``,
+  ``from_pretrained`` or a hub upload);
 - ``reap`` marks crashed what a killed process left running (MLflow runs, cycle records) and repairs a
   lagging composer alias; ``flows.common.reap_crashed`` adds the Prefect side;
 - ``backfill`` re-curates and re-indexes the trajectories of a window of past cycles (e.g. after a new
@@ -18,6 +20,7 @@ and the matching CLI commands. Like the cycle stages they return small dicts and
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from lopd_core.config import Config
@@ -25,6 +28,7 @@ from lopd_core.cycle import CycleContext, _evaluate_student, _policies, gate_met
 from lopd_core.memory.curation import curate_store
 from lopd_core.memory.indexing import index_store
 from lopd_core.registry import ModelRegistry, PairVersion, is_base_marker, run_gate
+from lopd_core.serving import export_merged
 from lopd_core.workspace import Workspace
 
 
@@ -99,6 +103,20 @@ def rollback(cfg: Config, *, flow_run_id: str = "") -> dict[str, Any]:
     old, new = ctx.registry.rollback(flow_run_id=flow_run_id)
     return {"rolled_back": {"student": old.student, "composer": old.composer},
             "champion": {"student": new.student, "composer": new.composer}}
+
+
+def export_version(cfg: Config, ref: str, out: Path) -> dict[str, Any]:
+    """Write registered student ``ref`` ('champion', 'challenger' or a version) as one merged Hugging Face
+    folder at ``out`` (:func:`lopd_core.serving.export_merged`), with its provenance in ``lopd_export.json``."""
+    ws = Workspace.from_config(cfg.workspace).ensure()
+    registry = ModelRegistry.from_workspace(ws, cfg.registry)
+    student, composer = resolve_version(registry, ref)
+    tags = registry.version_tags("student", student)
+    provenance = {"registered_model": cfg.registry.student_model, "version": student, "ref": ref,
+                  "paired_composer": composer, **{k: tags[k] for k in ("cycle_id", "base_model", "config_hash")
+                                                  if k in tags}}
+    path = export_merged(registry.download("student", student), Path(out), provenance=provenance)
+    return {"student_version": student, "out": str(path), "base": is_base_marker(registry.download("student", student))}
 
 
 def reap(cfg: Config) -> dict[str, Any]:

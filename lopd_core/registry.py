@@ -3,9 +3,12 @@
 Conventions (MLflow 3: aliases, not stages; see docs/architecture.md):
 
 - two registered models, ``lopd-student`` and ``lopd-composer`` (names from the ``registry`` config);
-  each training cycle registers one version of each — a *pair* — from plain directories logged as run
-  artifacts (``create_model_version(source=…)``; no MLflow model flavour, so nothing goes through
-  torch.export). Both versions carry the same tags: ``paired_version``, ``cycle_id``,
+  each training cycle registers one version of each — a *pair*. The student is an MLflow model logged by
+  the cycle's run (a LoggedModel): the pyfunc flavour with :mod:`lopd_core.serving` as its loader, the chat
+  signature and an input example, so ``mlflow.pyfunc.load_model("models:/lopd-student@champion")`` and
+  ``mlflow models serve`` answer chat completions (the layout is in that module; :meth:`ModelRegistry.download`
+  returns the student folder inside it). The composer, which is never served, is its plain directory logged
+  as run artifacts. Both versions carry the same tags: ``paired_version``, ``cycle_id``,
   ``experience_table_version``, ``data_contract_version``, ``config_hash``, ``eval_run_id``,
   ``flow_run_id``, ``base_model``; each names the other in ``paired_with`` (written once, never changed);
 - **one champion record**: ``@champion`` (and ``@challenger``) on ``lopd-student`` is the record; the pair is
@@ -19,8 +22,9 @@ Conventions (MLflow 3: aliases, not stages; see docs/architecture.md):
 - promotion records the previous champion in ``promoted_from`` so that :meth:`ModelRegistry.rollback` can
   re-point ``@champion`` to it (repeatable); a rolled-back pair carries ``rolled_back=true`` and is promoted
   again only with ``force`` (``lopd promote --force``), recorded in its ``forced`` tag;
-- cycle 1 registers the configured base model as version 1 ``@champion`` (student = base reference,
-  composer = "not yet trained", cold start pending), so every cycle rolls out with ``@champion``;
+- cycle 1 registers the configured base model as version 1 ``@champion`` (student = the base marker naming
+  the base folder, served as the base model itself; composer = "not yet trained", cold start pending), so
+  every cycle rolls out with ``@champion``;
 - runs are stamped with their owner (``lopd.owner.*`` tags and a ``lopd.heartbeat``, see
   :mod:`lopd_core.liveness`); :meth:`ModelRegistry.reap_runs` marks the ones whose process died KILLED.
 
@@ -56,6 +60,20 @@ CHAMPION = "champion"
 CHALLENGER = "challenger"
 BASE_MARKER = "lopd_base.json"
 """A registered directory holding this file stands for "the configured base model / no composer yet"."""
+
+SERVING_LOADER = "lopd_core.serving"
+"""The loader module of a registered student's pyfunc flavour (MLflow imports it when the model is loaded)."""
+STUDENT_DATA = "student"
+"""The folder name of the student artifact inside a registered student's MLflow model (``data/student``)."""
+SERVING_PACKAGES = ("mlflow", "torch", "transformers", "peft")
+"""Written with their installed versions into a student model's requirements (lopd itself must be installed
+where the model is served: its loader is lopd_core.serving)."""
+SERVING_MODEL_CONFIG = {"base_model_path": "", "device": "cpu", "dtype": "float32", "max_tokens": 256}
+"""A student model's defaults, each overridable at load time (``mlflow.pyfunc.load_model(uri, model_config=…)``):
+the base folder ('' = the one the artifact names), where and in which dtype it runs, ``max_tokens`` when a
+request gives none."""
+CHAT_INPUT_EXAMPLE = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                      "temperature": 0.0, "max_tokens": 32}
 
 SUCCESS = "eval/success_rate"
 LENGTH = "eval/mean_response_tokens"
@@ -167,6 +185,16 @@ class ChampionMoved(PromotionRefused):
     def __init__(self, expected: str, current: str):
         super().__init__(f"@champion moved from student v{expected} to v{current} since the decision")
         self.expected, self.current = expected, current
+
+
+def run_params(cfg) -> dict[str, Any]:
+    """The params every training run logs (cycle, comparison run, `lopd distill`), so that MLflow's compare
+    view can group and filter runs by them. ``cfg`` is a :class:`lopd_core.config.Config`."""
+    d = cfg.distill
+    return {"profile": cfg.name, "suite": cfg.rollout.suite, "method": d.method, "base_model": cfg.model.base,
+            "student": cfg.model.student, "steps": d.steps, "tasks_per_step": d.tasks_per_step,
+            "group_size": d.group_size, "lr_student": d.lr_student, "seed": d.seed, "engine": cfg.rollout.engine,
+            "config_hash": cfg.hash()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -318,29 +346,40 @@ class ModelRegistry:
                                  self.cfg.heartbeat_seconds)
         return run_id
 
-    def cycle_run(self, cycle_id: str, *, params: dict[str, Any] | None = None, config: dict | None = None,
-                  flow_run_id: str = "") -> str:
-        """The MLflow run of a cycle (created once; re-running a cycle id reuses and reopens it)."""
-        run = self.find_run("lopd.cycle_id", cycle_id)
+    def keyed_run(self, experiment_id: str, tag: str, key: str, *, run_name: str = "", params: dict[str, Any] | None = None,
+                  tags: dict[str, str] | None = None, config: dict | None = None, flow_run_id: str = "") -> str:
+        """The run tagged ``tag = key`` in ``experiment_id``: created once (with its params, tags and the config
+        as ``config.json``), found, reopened and re-claimed by every later call with the same key."""
+        run = self.find_run(tag, key, experiment_id)
         if run is not None:
             return self._claim(run, flow_run_id)
-        run = self.client.create_run(self.experiment_id, run_name=f"cycle-{cycle_id}",
-                                     tags={"lopd.cycle_id": cycle_id, "lopd.kind": "cycle"})
+        run = self.client.create_run(experiment_id, run_name=run_name or key, tags={tag: key, **(tags or {})})
         run_id = self._claim(self.client.get_run(run.info.run_id), flow_run_id)
-        for k, v in (params or {}).items():
-            self.client.log_param(run_id, k, str(v)[:500])
+        if params:
+            from mlflow.entities import Param
+
+            self.client.log_batch(run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
         if config is not None:
             self.client.log_dict(run_id, config, "config.json")
         return run_id
 
-    def comparison_run(self, experiment: str, key: str, *, tags: dict[str, str] | None = None) -> str:
+    def cycle_run(self, cycle_id: str, *, params: dict[str, Any] | None = None, config: dict | None = None,
+                  flow_run_id: str = "") -> str:
+        """The MLflow run of a cycle (created once; re-running a cycle id reuses and reopens it)."""
+        return self.keyed_run(self.experiment_id, "lopd.cycle_id", cycle_id, run_name=f"cycle-{cycle_id}",
+                              params=params, tags={"lopd.kind": "cycle"}, config=config, flow_run_id=flow_run_id)
+
+    def comparison_run(self, experiment: str, key: str, *, params: dict[str, Any] | None = None,
+                       tags: dict[str, str] | None = None, config: dict | None = None, flow_run_id: str = "") -> str:
         """The MLflow run of one comparison run (``key`` = ``<method>-s<seed>``) in ``experiment``, created once."""
-        experiment_id = self.experiment_for(experiment)
-        run = self.find_run("lopd.compare_run", key, experiment_id)
-        if run is None:
-            run = self.client.create_run(experiment_id, run_name=key, tags={"lopd.compare_run": key, **(tags or {})})
-            run = self.client.get_run(run.info.run_id)
-        return self._claim(run)
+        return self.keyed_run(self.experiment_for(experiment), "lopd.compare_run", key, params=params,
+                              tags={"lopd.kind": "compare", **(tags or {})}, config=config, flow_run_id=flow_run_id)
+
+    def training_run(self, experiment: str, key: str, *, params: dict[str, Any] | None = None,
+                     config: dict | None = None) -> str:
+        """The MLflow run of a `lopd distill` run (``key`` = its run name) in ``experiment``, created once."""
+        return self.keyed_run(self.experiment_for(experiment), "lopd.distill_run", key, params=params,
+                              tags={"lopd.kind": "distill"}, config=config)
 
     def metric_by_step(self, run_id: str, key: str) -> dict[int, float]:
         """A metric's history as ``{step: value}``; a step logged twice (a resumed step) keeps its last value."""
@@ -430,14 +469,52 @@ class ModelRegistry:
                     versions[role] = str(existing[role].version)
                     continue
                 artifact_path = f"{role}-pair{pair_number}"
-                self.client.log_artifacts(run_id, str(directory), artifact_path)
-                source = f"{self.client.get_run(run_id).info.artifact_uri}/{artifact_path}"
-                mv = self.client.create_model_version(self._model(role), source=source, run_id=run_id, tags=all_tags)
+                model_id = None
+                if role == "student":
+                    model_id = self._log_student_model(run_id, Path(directory), artifact_path)
+                    source = f"models:/{model_id}"
+                else:
+                    self.client.log_artifacts(run_id, str(directory), artifact_path)
+                    source = f"{self.client.get_run(run_id).info.artifact_uri}/{artifact_path}"
+                mv = self.client.create_model_version(self._model(role), source=source, run_id=run_id, tags=all_tags,
+                                                      model_id=model_id)
                 versions[role] = str(mv.version)
             for role in ("student", "composer"):
                 other = versions["composer" if role == "student" else "student"]
                 self.client.set_model_version_tag(self._model(role), versions[role], "paired_with", other)
             return PairVersion(versions["student"], versions["composer"], all_tags | {"paired_with": versions["composer"]})
+
+    def _log_student_model(self, run_id: str, student_dir: Path, name: str) -> str:
+        """Log ``student_dir`` as an MLflow model of ``run_id`` (the layout: :mod:`lopd_core.serving`): the pyfunc
+        flavour with lopd's loader, the chat signature and an input example. Returns its model id.
+
+        What ``mlflow.pyfunc.log_model`` does, less the check that loads the model and answers the input
+        example (a second copy of the model in the promoting process; the tests load it instead)."""
+        from importlib.metadata import version
+
+        from mlflow.entities import LoggedModelOutput
+        from mlflow.models import Model
+        from mlflow.models.signature import ModelSignature
+        from mlflow.types.llm import CHAT_MODEL_INPUT_SCHEMA, CHAT_MODEL_OUTPUT_SCHEMA
+
+        run = self.client.get_run(run_id)
+        logged = self.client.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id,
+                                                 model_type="lopd-student")
+        self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
+        with tempfile.TemporaryDirectory() as tmp:
+            data = Path(tmp) / STUDENT_DATA
+            shutil.copytree(student_dir, data)
+            local = Path(tmp) / "model"
+            self.mlflow.pyfunc.save_model(
+                local, loader_module=SERVING_LOADER, data_path=str(data),
+                mlflow_model=Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=run_id,
+                                   model_id=logged.model_id, metadata={"task": "llm/v1/chat"}),
+                signature=ModelSignature(CHAT_MODEL_INPUT_SCHEMA, CHAT_MODEL_OUTPUT_SCHEMA),
+                input_example=CHAT_INPUT_EXAMPLE, pip_requirements=[f"{p}=={version(p)}" for p in SERVING_PACKAGES],
+                model_config=dict(SERVING_MODEL_CONFIG))
+            self.client.log_model_artifacts(logged.model_id, str(local))
+        self.client.finalize_logged_model(logged.model_id, "READY")
+        return logged.model_id
 
     def pair_for_cycle(self, cycle_id: str) -> PairVersion | None:
         """The complete pair registered for ``cycle_id`` (None while none, or only half of one, exists)."""
@@ -447,8 +524,9 @@ class ModelRegistry:
             return None
         return PairVersion(str(s[0].version), str(c[0].version), dict(s[0].tags))
 
-    def bootstrap_base(self, base_model: str, *, config_hash: str) -> PairVersion:
-        """Cycle 1: register the configured base as version 1 @champion (once)."""
+    def bootstrap_base(self, base_model: str, *, config_hash: str, base_path: Path) -> PairVersion:
+        """Cycle 1: register the configured base as version 1 @champion (once). ``base_path``: its folder
+        (the served version 1 loads the base model from it)."""
         champion = self.champion()
         if champion is not None:
             return champion
@@ -460,7 +538,7 @@ class ModelRegistry:
                 tmp_path = Path(tmp)
                 (tmp_path / "student").mkdir()
                 (tmp_path / "composer").mkdir()
-                marker = {"kind": "base", "base_model": base_model}
+                marker = {"kind": "base", "base_model": base_model, "base_model_path": str(Path(base_path).resolve())}
                 (tmp_path / "student" / BASE_MARKER).write_text(json.dumps(marker, indent=2))
                 (tmp_path / "composer" / BASE_MARKER).write_text(json.dumps({**marker, "composer": "cold start pending"}))
                 run_id = self.cycle_run("base", params={"base_model": base_model})
@@ -610,9 +688,12 @@ class ModelRegistry:
 
     # --- artifacts -------------------------------------------------------------------------------
     def download(self, role: str, version: str, dst: Path | None = None) -> Path:
-        """Local directory of a registered version (local file stores are used in place)."""
+        """Local directory of a registered version as training wrote it (a student's MLflow model: its
+        ``data/student`` folder); local file stores are used in place."""
         source = self.client.get_model_version(self._model(role), version).source
         local = Path(self.mlflow.artifacts.download_artifacts(artifact_uri=source))
+        if (local / "MLmodel").exists() and (local / "data" / STUDENT_DATA).is_dir():
+            local = local / "data" / STUDENT_DATA
         if dst is not None:
             shutil.copytree(local, dst, dirs_exist_ok=True)
             return dst

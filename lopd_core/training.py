@@ -22,7 +22,7 @@ base"); φ0 and its anchor cache stay those of the first cold start; β is resto
 Artifacts are plain directories that the registry logs as they are:
 
 ``student/``
-    ``lopd_student.json`` (``kind`` lora|full, ``base_model``, ``format``) and either a standard peft
+    ``lopd_student.json`` (``kind`` lora|full, ``base_model``, ``base_model_path``, ``format``) and either a standard peft
     adapter (``adapter_config.json`` + ``adapter_model.safetensors``; load with
     ``PeftModel.from_pretrained(base, dir)``) or a full Hugging Face model folder (+ tokenizer).
 ``composer/``
@@ -71,6 +71,7 @@ from lopd_core.models.composer import (
 )
 from lopd_core.models.policy import PolicySet, build_policy_set
 from lopd_core.privilege import probe_teacher
+from lopd_core.progress import report as report_progress
 from lopd_core.records.experience import Bank, Experience, RetrievalQuery, Retriever, experience_content
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.registry import is_base_marker
@@ -80,6 +81,10 @@ from lopd_core.rollout.oracle import oracle_experience
 from lopd_core.workspace import Workspace
 
 log = logging.getLogger(__name__)
+
+
+STEP_LINE_METRICS = ("rollout/success_rate", "distill/kl_topk", "distill/loss", "distill/beta", "distill/step_s")
+"""What the one line per training step (the progress bar and the ``lopd_core.training`` log) shows."""
 
 
 @dataclass
@@ -431,8 +436,10 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
                                          cursor=cursor, composer=composer if needs_composer(cfg) else None,
                                          table_version=table_version, budget=budget, keep=d.keep_checkpoints)
         engine.update_policy(policies.student_module(), f"{run_dir.name}/step{step}")
-        bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
-                         ("rollout/success_rate", "distill/kl_topk", "distill/loss", "distill/beta") if k in metrics})
+        shown = {k.split("/")[-1]: f"{metrics[k]:.3g}" for k in STEP_LINE_METRICS if k in metrics}
+        bar.set_postfix(shown)
+        log.info("%s step %d/%d: %s", d.method, step + 1, d.steps, ", ".join(f"{k} {v}" for k, v in shown.items()))
+        report_progress("distill", step + 1, d.steps)
     bar.close()
 
     # --- final artifacts (plain directories for the registry) --------------------------------------------

@@ -36,6 +36,16 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     signals = {r["run"]: r["signals"] for r in json.loads((report / "results.json").read_text())["runs"]}
     assert signals["lopd-s0"]["rollout/success_rate"]["steps"] == 2 == signals["grpo-s0"]["distill/updated"]["steps"]
     assert "distill/beta" in signals["lopd-s0"] and "distill/privilege_delta" not in signals["grpo-s0"]
+    # each comparison run has params MLflow's compare view can group by
+    from lopd_core.config import load_config
+    from lopd_core.registry import ModelRegistry
+
+    registry = ModelRegistry(f"sqlite:///{home / 'mlflow.db'}", (home / "mlartifacts").as_uri(),
+                             load_config("smoke").registry)
+    experiment = registry.experiment_for("compare-toolworld")
+    for key, method in (("lopd-s0", "lopd"), ("grpo-s0", "grpo")):
+        params = registry.find_run("lopd.compare_run", key, experiment).data.params
+        assert params["method"] == params["run"] == method and params["budget"] == "4"
     grpo_row = next(line for line in text.split("## Training signals")[1].splitlines() if line.startswith("| grpo |"))
     assert grpo_row.endswith("| – | – | – | – | – |")
     # the committed results name the workspace as $LOPD_HOME, not this machine's directory

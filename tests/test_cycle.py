@@ -110,6 +110,60 @@ def test_pairs_carry_lineage_tags_and_rollback_restores(two_cycles, models_dir):
     assert "operator" in reg.version_tags("student", second["champion"])["forced"]
 
 
+def test_forced_champion_is_a_model_mlflow_loads_and_lopd_exports(two_cycles, models_dir, tmp_path):
+    """The deployable student: a trained pair promoted explicitly (`lopd promote --force`, recorded as forced)
+    answers a chat request through `mlflow.pyfunc.load_model("models:/lopd-student@champion")`, offline; the
+    base (v1) loads the same way; `lopd export` writes a folder transformers loads, that answers the same."""
+    import mlflow
+    import torch
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lopd_core.models.loading import resolve_model_path
+    from lopd_core.records.chat import end_of_turn_ids
+
+    home, first, second, _ = two_cycles
+    trained = second["student_version"]
+    lopd(home, models_dir, "rollback", "--json")  # @champion leaves the trained pair, which is now rolled back
+    forced = last_json(lopd(home, models_dir, "promote", "--force", "--json"))
+    reg = registry(home)
+    assert forced["promoted"] and forced["forced"] and reg.champion().student == trained
+    assert "--force" in reg.version_tags("student", trained)["forced"]
+
+    request = {"messages": [{"role": "user", "content": "Which city is the capital of France?"}],
+               "temperature": 0.0, "max_tokens": 8}
+    mlflow.set_registry_uri(f"sqlite:///{home / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow.db'}")
+    answers = {}
+    for uri in ("models:/lopd-student@champion", "models:/lopd-student/1"):
+        model = mlflow.pyfunc.load_model(uri)
+        assert model.metadata.metadata["task"] == "llm/v1/chat" and model.metadata.signature is not None
+        reply = model.predict(request)
+        assert reply["object"] == "chat.completion" and reply["choices"][0]["message"]["role"] == "assistant"
+        assert reply["usage"]["completion_tokens"] >= 1
+        answers[uri] = reply["choices"][0]["message"]["content"]
+    assert len(mlflow.MlflowClient().search_logged_models([reg.experiment_id])) == len(reg.versions("student"))
+
+    adapter = reg.download("student", trained)  # a standard peft folder whose base is a real folder
+    assert (Path(json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"])
+            / "config.json").exists()
+    AutoPeftModelForCausalLM.from_pretrained(str(adapter))
+
+    out = tmp_path / "export"
+    exported = last_json(lopd(home, models_dir, "export", "--version", "champion", "--out", str(out), "--json"))
+    assert exported["student_version"] == trained
+    merged, tokenizer = AutoModelForCausalLM.from_pretrained(str(out)), AutoTokenizer.from_pretrained(str(out))
+    base = AutoModelForCausalLM.from_pretrained(str(resolve_model_path("tiny", models_dir)))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(merged.state_dict()[name], base.state_dict()[name])  # the trained deltas are in it
+    prompt = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)
+    ids = merged.generate(**prompt, max_new_tokens=8, do_sample=False, eos_token_id=end_of_turn_ids(tokenizer),
+                          pad_token_id=tokenizer.pad_token_id)[0, prompt["input_ids"].shape[1]:]
+    ids = [t for t in ids.tolist() if t not in end_of_turn_ids(tokenizer)]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == answers["models:/lopd-student@champion"]
+
+
 def _orphans(home: Path) -> list[int]:
     """Processes of the workspace ``home`` still running (other than this one)."""
     pids = []

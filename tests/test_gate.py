@@ -97,7 +97,7 @@ def test_negative_margin_is_refused_by_the_config():
 
 # --- compare-and-set, rollback, force --------------------------------------------------------------------
 def test_rolled_back_pair_is_not_promoted_again_without_a_recorded_force(registry, tmp_path):
-    base = registry.bootstrap_base("tiny", config_hash="abc")
+    base = registry.bootstrap_base("tiny", config_hash="abc", base_path=tmp_path)
     good = _pair(registry, tmp_path, "good")
     outcome = run_gate(registry, good, summary(0.5), lambda champion: summary(0.25))
     assert outcome.promoted and registry.champion().student == good.student
@@ -124,7 +124,7 @@ def test_rolled_back_pair_is_not_promoted_again_without_a_recorded_force(registr
 
 
 def test_decision_is_remade_when_the_champion_moves_during_it(registry, tmp_path):
-    registry.bootstrap_base("tiny", config_hash="abc")
+    registry.bootstrap_base("tiny", config_hash="abc", base_path=tmp_path)
     strong, weak = _pair(registry, tmp_path, "strong", 0.6), _pair(registry, tmp_path, "weak", 0.2)
     scored = []
 
@@ -148,7 +148,7 @@ def test_champion_pair_is_one_record_and_a_lagging_mirror_is_flagged_and_repaire
     from lopd_core.status import workspace_status
     from lopd_core.workspace import Workspace
 
-    registry.bootstrap_base("tiny", config_hash="abc")
+    registry.bootstrap_base("tiny", config_hash="abc", base_path=tmp_path)
     a = _pair(registry, tmp_path, "a")
     registry.client.create_model_version(registry.cfg.composer_model, source=(tmp_path / "a-c").as_uri())  # skew
     b = _pair(registry, tmp_path, "b")
@@ -171,7 +171,7 @@ def test_champion_pair_is_one_record_and_a_lagging_mirror_is_flagged_and_repaire
 
 
 def test_interrupted_registration_is_completed_not_repeated(registry, tmp_path):
-    registry.bootstrap_base("tiny", config_hash="abc")
+    registry.bootstrap_base("tiny", config_hash="abc", base_path=tmp_path)
     run_id = registry.cycle_run("c1")
     s, c = tmp_path / "s", tmp_path / "c"
     for d in (s, c):

@@ -85,7 +85,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 120) -> str:
 
 def test_no_mixed_pair_is_readable_while_two_processes_promote_and_roll_back(tmp_path):
     reg = ModelRegistry(f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri(), load_config("smoke").registry)
-    reg.bootstrap_base("tiny", config_hash="abc")
+    reg.bootstrap_base("tiny", config_hash="abc", base_path=tmp_path)
     pairs = []
     for name in ("a", "b", "c"):
         dirs = []

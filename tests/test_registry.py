@@ -25,15 +25,15 @@ def _summary(success, length=50.0, malformed=0.0, probe=0.5, forgetting=0.0):
             "eval/probe_success_rate": probe, "eval/forgetting_delta": forgetting}
 
 
-def test_bootstrap_registers_base_as_v1_champion(registry):
-    pair = registry.bootstrap_base("tiny", config_hash="abc")
+def test_bootstrap_registers_base_as_v1_champion(registry, tmp_path):
+    pair = registry.bootstrap_base("tiny", config_hash="abc", base_path=tmp_path)
     assert (pair.student, pair.composer) == ("1", "1")
     assert registry.champion().student == "1" and registry.champion().is_base
-    assert registry.bootstrap_base("tiny", config_hash="abc").student == "1"  # idempotent
+    assert registry.bootstrap_base("tiny", config_hash="abc", base_path=tmp_path).student == "1"  # idempotent
 
 
 def test_register_is_idempotent_on_cycle_id_and_tags_pairs(registry, tmp_path):
-    registry.bootstrap_base("tiny", config_hash="abc")
+    registry.bootstrap_base("tiny", config_hash="abc", base_path=tmp_path)
     run = registry.cycle_run("c1")
     assert registry.cycle_run("c1") == run
     s, c = _dirs(tmp_path, "c1")
@@ -46,7 +46,7 @@ def test_register_is_idempotent_on_cycle_id_and_tags_pairs(registry, tmp_path):
 
 def test_gate_refuses_worse_challenger_and_rollback_restores(registry, tmp_path):
     cfg = load_config("demo").registry
-    base = registry.bootstrap_base("tiny", config_hash="abc")
+    base = registry.bootstrap_base("tiny", config_hash="abc", base_path=tmp_path)
     good = registry.register_pair(*_dirs(tmp_path, "good"), run_id=registry.cycle_run("c1"), cycle_id="c1", tags={})
     decision = decide_promotion(_summary(0.5), _summary(0.25), cfg)
     assert decision.promote

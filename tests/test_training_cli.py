@@ -29,10 +29,37 @@ def test_distill_grpo_one_step_json(tmp_path, models_dir):
         assert "distill/student_grad_norm" in rows[0]
     else:
         assert rows[0]["grpo/zero_advantage_rate"] == 1.0
-    # a second call resumes: nothing left to do, the same final artifacts
+    # the run is tracked in MLflow: params to group by, the step's metrics, ended FINISHED
+    run = _registry(tmp_path).client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.info.experiment_id != "0"
+    assert run.data.params["method"] == "grpo" and run.data.params["steps"] == "1"
+    assert run.data.tags["lopd.distill_run"] == "grpo-smoke"
+    assert run.data.metrics["rollout/success_rate"] == rows[0]["rollout/success_rate"]
+    # a second call resumes: nothing left to do, the same final artifacts, the same MLflow run
     again = lopd("distill", "--profile", "smoke", "--method", "grpo", "--steps", "1", "--json",
                  home=tmp_path, models_dir=models_dir)
-    assert again.returncode == 0 and json.loads(again.stdout.strip().splitlines()[-1])["resumed"] is True
+    assert again.returncode == 0
+    again_summary = json.loads(again.stdout.strip().splitlines()[-1])
+    assert again_summary["resumed"] is True and again_summary["mlflow_run_id"] == summary["mlflow_run_id"]
+
+
+def _registry(home):
+    from lopd_core.config import load_config
+    from lopd_core.registry import ModelRegistry
+
+    return ModelRegistry(f"sqlite:///{home / 'mlflow.db'}", (home / "mlartifacts").as_uri(), load_config("smoke").registry)
+
+
+def test_a_distill_run_that_fails_leaves_its_mlflow_run_failed(tmp_path, models_dir):
+    empty = tmp_path / "not-a-student"
+    empty.mkdir()
+    res = lopd("distill", "--profile", "smoke", "--method", "grpo", "--steps", "1", "--run", "broken",
+               "--student-init", str(empty), home=tmp_path, models_dir=models_dir)
+    assert res.returncode != 0
+    registry = _registry(tmp_path)
+    run = registry.find_run("lopd.distill_run", "broken", registry.experiment_for("lopd-distill"))
+    assert run is not None and run.info.status == "FAILED"
+    assert "not-a-student" in run.data.tags["lopd.failed"] or "Error" in run.data.tags["lopd.failed"]
 
 
 def test_cold_start_without_successes_fails_with_the_fix(tmp_path, models_dir):

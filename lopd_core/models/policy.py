@@ -220,8 +220,9 @@ class PolicySet:
     def save_student(self, directory: Path) -> Path:
         """Write the student as a plain directory (layout in :mod:`lopd_core.training`)."""
         directory.mkdir(parents=True, exist_ok=True)
-        info = {"kind": self.student_kind, "base_model": self.base_model, "format": "peft-lora" if self.student_kind == "lora"
-                else "hf-causal-lm"}
+        info = {"kind": self.student_kind, "base_model": self.base_model,
+                "base_model_path": str(Path(self.base_path).resolve()),
+                "format": "peft-lora" if self.student_kind == "lora" else "hf-causal-lm"}
         if self.student_kind == "full":
             self.full_student.save_pretrained(directory, safe_serialization=True)
             self.tokenizer.save_pretrained(directory)
@@ -262,7 +263,8 @@ def save_adapter(policies: PolicySet, name: str, directory: Path) -> None:
     state = get_peft_model_state_dict(policies.base, adapter_name=name, save_embedding_layers=False)
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(directory / ADAPTER_WEIGHTS))
     config = policies.base.peft_config[name]
-    config.base_model_name_or_path = policies.base_model
+    # a real folder, so that peft's AutoPeftModelForCausalLM, vLLM and the served model find the base
+    config.base_model_name_or_path = str(Path(policies.base_path).resolve())
     config.save_pretrained(str(directory))
 
 

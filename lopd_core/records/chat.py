@@ -10,13 +10,18 @@ Two rules keep student and teacher sequences aligned token for token:
    the pad token is ``<|im_end|>``, which also closes every turn).
 
 Tools: where the tokenizer's chat template references ``tools`` they are passed to
-``apply_chat_template(..., tools=...)``; otherwise (SmolLM2's template) :func:`tools_system_prompt` is
-appended to the system message — a documented fallback in the Hermes/Qwen style the suites parse.
+``apply_chat_template(..., tools=...)`` and the template writes the tool instructions (nothing of ours is
+added); otherwise (SmolLM2's template) :func:`tools_system_prompt` is appended to the system message — a
+documented fallback in the Hermes/Qwen style the suites parse. The environments return one ``tool`` message
+holding a ``<tool_response>`` per call; a template that wraps tool results in ``<tool_response>`` itself
+(Qwen's) gets them as one bare ``tool`` message per response instead (:func:`native_tool_messages`), so each
+result is wrapped exactly once. The calls are the same ``<tool_call>`` JSON in both conventions.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from lopd_core.records.experience import shorten_observation
@@ -54,8 +59,28 @@ def with_tools_fallback(messages: list[dict[str, Any]], tools: list[dict[str, An
     return [{"role": "system", "content": preamble}, *messages]
 
 
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.DOTALL)
+
+
+def template_wraps_tool_responses(tokenizer) -> bool:
+    """Whether the chat template puts ``tool`` messages inside ``<tool_response>`` tags itself (Qwen's does)."""
+    return "<tool_response>" in (tokenizer.chat_template or "")
+
+
+def native_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each ``tool`` message made of ``<tool_response>`` blocks split into one ``tool``
+    message per block holding its bare content (what a template that wraps tool results expects)."""
+    out = []
+    for m in messages:
+        bodies = _TOOL_RESPONSE.findall(str(m.get("content") or "")) if m.get("role") == "tool" else []
+        out.extend([{**m, "content": body} for body in bodies] if bodies else [m])
+    return out
+
+
 def render_text(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
                 add_generation_prompt: bool = True) -> str:
+    if template_wraps_tool_responses(tokenizer):
+        messages = native_tool_messages(messages)
     if tools and template_supports_tools(tokenizer):
         return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                              add_generation_prompt=add_generation_prompt)

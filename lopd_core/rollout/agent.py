@@ -39,6 +39,7 @@ from typing import Any
 
 from lopd_core.config import RolloutConfig
 from lopd_core.envs.base import check_needs
+from lopd_core.progress import report as report_progress
 from lopd_core.records.chat import end_of_turn_ids, render_prompt_ids, turn_suffix_ids
 from lopd_core.records.experience import observation_lite_messages, render_observation_lite
 from lopd_core.records.trajectory import Trajectory
@@ -254,9 +255,13 @@ def run_episodes(engine: Engine, tokenizer, suite, tasks: list, *, max_turns: in
     episodes = [_Episode(task=t) for t in tasks]
     bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress, leave=False)
 
+    done = [0]  # not bar.n: a disabled bar does not count
+
     def mark_done(ep: _Episode) -> None:
         ep.total_s = time.perf_counter() - start
         bar.update(1)
+        done[0] += 1
+        report_progress("episodes", done[0], len(episodes))
 
     try:
         for ep in episodes:
