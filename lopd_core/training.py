@@ -76,7 +76,7 @@ from lopd_core.records.experience import Bank, Experience, RetrievalQuery, Retri
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.registry import is_base_marker
 from lopd_core.rollout.agent import play, summarize_trajectories
-from lopd_core.rollout.engines import engine_dtype, make_engine, shared_vllm_engine
+from lopd_core.rollout.engines import make_engine, training_vllm_engine
 from lopd_core.rollout.oracle import oracle_experience
 from lopd_core.workspace import Workspace
 
@@ -172,8 +172,7 @@ def _make_engine(cfg: Config, policies: PolicySet):
     """The training loop's engine: hf on the live student, or the process's shared vLLM engine (the loop
     syncs it to the student before the first step and after every step)."""
     if cfg.rollout.engine == "vllm":
-        return shared_vllm_engine(policies.base_path, dtype=engine_dtype(cfg), device=cfg.model.device,
-                                  max_model_len=cfg.rollout.max_trajectory_tokens + 16, batch_size=cfg.rollout.batch_size)
+        return training_vllm_engine(cfg, policies)
     return make_engine("hf", policies.student_module(), policies.tokenizer, batch_size=cfg.rollout.batch_size)
 
 

@@ -24,7 +24,8 @@ from lopd_core.rollout.engines.vllm import VLLMEngine, _is_peft
 
 ENGINES = ("hf", "vllm")
 
-__all__ = ["ENGINES", "Engine", "Generation", "SamplingParams", "make_engine", "policy_engine"]
+__all__ = ["ENGINES", "Engine", "Generation", "SamplingParams", "engine_sync", "make_engine", "policy_engine",
+           "training_vllm_engine"]
 
 
 def make_engine(name: str, model: Any = None, tokenizer: Any = None, *, batch_size: int = 8, dtype: str = "float32",
@@ -68,13 +69,14 @@ _SHARED: dict[tuple, Engine] = {}
 
 
 def shared_vllm_engine(model_path: str | Path, *, dtype: str, device: str, max_model_len: int,
-                       batch_size: int) -> Engine:
-    """The process's vLLM engine for this model, dtype and context length (created on first use)."""
-    key = (str(model_path), dtype, device, max_model_len)
+                       batch_size: int, policy_sync: str | None = None) -> Engine:
+    """The process's vLLM engine for this model, dtype, context length and sync mode (created on first use;
+    vLLM does not free an ``LLM`` on delete, so a process builds one and keeps it)."""
+    key = (str(model_path), dtype, device, max_model_len, policy_sync)
     if key not in _SHARED:
         vllm_dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(dtype, "auto")
         _SHARED[key] = VLLMEngine(model_path, batch_size=batch_size, dtype=vllm_dtype, device=device,
-                                  max_model_len=max_model_len)
+                                  max_model_len=max_model_len, policy_sync=policy_sync)
     engine = _SHARED[key]
     engine.batch_size = batch_size
     return engine
@@ -83,6 +85,29 @@ def shared_vllm_engine(model_path: str | Path, *, dtype: str, device: str, max_m
 def engine_dtype(cfg: Config) -> str:
     """The engine's weights dtype: ``rollout.engine_dtype``, or the model's (``model.dtype``)."""
     return cfg.model.dtype if cfg.rollout.engine_dtype == "model" else cfg.rollout.engine_dtype
+
+
+def on_gpu(device: str) -> bool:
+    """Whether ``model.device`` puts the engine on a GPU here."""
+    import torch
+
+    return device != "cpu" and torch.cuda.is_available()
+
+
+def engine_sync(cfg: Config) -> str:
+    """How the vllm engine follows the student (``rollout.engine_sync``; 'auto' resolved here): adapter
+    hot-loading for a LoRA student on a GPU, a weight reload for a fully fine-tuned student and on CPU."""
+    if cfg.rollout.engine_sync != "auto":
+        return cfg.rollout.engine_sync
+    return "lora" if cfg.model.student == "lora" and on_gpu(cfg.model.device) else "weights"
+
+
+def training_vllm_engine(cfg: Config, policies: PolicySet) -> Engine:
+    """The process's one vLLM engine for this configuration (created on first use, then reused by bank
+    seeding, evaluation and training): the base weights in ``engine_dtype``, synced the ``engine_sync`` way."""
+    return shared_vllm_engine(policies.base_path, dtype=engine_dtype(cfg), device=cfg.model.device,
+                              max_model_len=cfg.rollout.max_trajectory_tokens + 16,
+                              batch_size=cfg.rollout.batch_size, policy_sync=engine_sync(cfg))
 
 
 @contextlib.contextmanager
@@ -96,9 +121,7 @@ def policy_engine(cfg: Config, policies: PolicySet, *, weights: str = "student",
         if cfg.rollout.engine == "hf":
             yield HFEngine(model, policies.tokenizer, batch_size=cfg.rollout.batch_size, policy_version=version or weights)
             return
-        engine = shared_vllm_engine(policies.base_path, dtype=engine_dtype(cfg), device=cfg.model.device,
-                                    max_model_len=cfg.rollout.max_trajectory_tokens + 16,
-                                    batch_size=cfg.rollout.batch_size)
+        engine = training_vllm_engine(cfg, policies)
         if weights == "base" and getattr(engine, "holds_base", False):
             engine.policy_version = version or weights  # loaded from the base folder and never re-synced since
         else:
