@@ -6,7 +6,7 @@ Assembles ``benchmarks/results/self_improvement.json`` from what the experiments
   the held-out and validation splits; the paired difference of every method to the base model with the
   cluster-bootstrap interval (:func:`lopd_core.compare_report.paired_intervals`);
 - ``--passk``: the ``lopd probe-passk --out`` summaries (per-family pass@k of the base model);
-- ``--probe``: the ``lopd probe-teacher --out`` result (each teacher's privilege on the base's episodes).
+- ``--probe``: one or more ``lopd probe-teacher --out`` results (each teacher's privilege on the base's episodes).
 
     python -m benchmarks.self_improvement --root $LOPD_HOME/compare/toolworld \\
         --passk runs/probes/passk/passk-toolworld-T0.7-k16-s0.json --probe runs/probes/teacher.json
@@ -37,7 +37,7 @@ def updated_fraction(run: dict[str, Any]) -> float | None:
     return signal["mean"] if signal else None
 
 
-def assemble(root: Path, passk: list[Path], probe: Path | None) -> dict[str, Any]:
+def assemble(root: Path, passk: list[Path], probes: list[Path]) -> dict[str, Any]:
     shared = json.loads((root / "shared.json").read_text())
     runs = load_runs(root)
     plan = json.loads((root / "plan.json").read_text()) if (root / "plan.json").exists() else {}
@@ -80,7 +80,7 @@ def assemble(root: Path, passk: list[Path], probe: Path | None) -> dict[str, Any
             "per_family": {"test": paired.get("test", {}).get("per_family_reward", {}).get(name, {}),
                            "validation": paired.get("validation", {}).get("per_family_reward", {}).get(name, {})},
         }
-    if probe is not None:
+    for probe in probes:  # e.g. the text teacher's probe and the latent teacher's (a composer cold-started elsewhere)
         teachers = json.loads(probe.read_text())["teachers"]
         for name, row in teachers.items():
             out["teacher"][name] = {"privilege_success": row["privilege_success"],
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--passk", type=Path, nargs="*", default=[])
-    parser.add_argument("--probe", type=Path, default=None)
+    parser.add_argument("--probe", type=Path, nargs="*", default=[])
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     report = {"benchmark": "self_improvement",

@@ -118,6 +118,23 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     paired = json.loads((report / "results.json").read_text())["paired"]
     assert set(paired["test"]["methods"]) == {"lopd", "grpo", "none"}  # the report of the resumed comparison
     assert paired["validation"]["methods"]["lopd"]["reward"]["tasks"] == 4
+    # self_improvement.json gathers the same comparison with probe results (here a hand-written probe file)
+    from benchmarks import self_improvement
+
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"teachers": {"text/chat_turn": {
+        "privilege_success": 0.1, "privilege_failure": -0.2, "privilege_first_token": 0.3,
+        "first_token_ci95_low": 0.2, "first_token_ci95_high": 0.4, "successes": 3, "failures": 1}}}))
+    gathered = tmp_path / "self_improvement.json"
+    assert self_improvement.main(["--root", str(root), "--probe", str(probe), "--out", str(gathered)]) == 0
+    si = json.loads(gathered.read_text())
+    assert si["held_out_tasks"] == si["validation_tasks"] == 4 and set(si["methods"]) == {"lopd", "grpo", "none"}
+    lopd_si = si["methods"]["lopd"]
+    assert lopd_si["delta_reward_vs_base"] == paired["test"]["methods"]["lopd"]["reward"]["mean_diff"]
+    assert lopd_si["ci95_low"] <= lopd_si["ci95_high"] and si["methods"]["grpo"]["steps_updated_fraction"] is not None
+    base_fields = json.loads((root / "shared.json").read_text())["base_eval"]["fields"]["test"]
+    assert si["base"]["mean_reward"] == base_fields["test/mean_reward"]
+    assert si["teacher"]["text/chat_turn"]["ci95_low"] == 0.2 and str(home) not in gathered.read_text()
 
     # per-task held-out outcomes of the base model and a run's final student (same tasks as the evaluations)
     from benchmarks import heldout_tasks
