@@ -344,18 +344,22 @@ def reap_crashed(cfg: Config) -> dict:
 # --------------------------------------------------------------------------------------------------
 # The training slot
 def ensure_concurrency_limit(name: str, limit: int = 1) -> None:
-    """Create the global concurrency limit once (a second create is refused by the server; that is fine)."""
+    """Create the global concurrency limit ``name`` when it is missing. Only "it exists already" (another
+    process created it first) is not an error: a limit that could not be created would be no limit, so any
+    other failure (server unreachable, refused) raises and the training does not start unguarded."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
             client.read_global_concurrency_limit_by_name(name)
-        except Exception:
-            try:
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
-            except Exception:
-                pass
+            return
+        except ObjectNotFound:
+            pass
+        with contextlib.suppress(ObjectAlreadyExists):
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
+        client.read_global_concurrency_limit_by_name(name)  # there now, or this raises
 
 
 def _reset_active_slots(name: str) -> None:

@@ -264,3 +264,12 @@ def test_a_stage_that_raises_marks_its_record_and_mlflow_run_failed(smoke_config
     record = CycleRecord.load(ctx.record_path, "f1")
     assert record.state == CycleState.FAILED and record.owner["pid"] == str(os.getpid())
 
+
+
+def test_a_training_limit_that_cannot_be_created_stops_the_holder(tmp_path):
+    """A limit that failed to be created would be no limit: an unreachable server is an error, not a pass."""
+    env = {**_env(tmp_path / "ws"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_API_URL": f"http://127.0.0.1:{_free_port()}/api", "PREFECT_CLIENT_MAX_RETRIES": "0"}
+    code = "from flows.common import ensure_concurrency_limit; ensure_concurrency_limit('lopd-training-test')"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "ConnectError" in done.stderr, done.stderr[-2000:]
