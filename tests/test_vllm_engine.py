@@ -199,3 +199,20 @@ def test_smollm2_greedy_parity_with_hf(prepared_default_dir, tiny_tokenizer):
     ours = engine.generate(prompts, params)
     # fp32 on both sides; a near-tie may still flip late in a sequence, so compare the first 16 tokens
     assert [g.token_ids[:16] for g in ours] == [g.token_ids[:16] for g in hf]
+
+
+def test_seeded_sampling_of_long_prompts_in_one_batch(peaked_dir, tiny_tokenizer):
+    """Eight ~1,000-token prompts sampled with a seed: vLLM's default 4,096-token step would split prompts over
+    steps, and rewinding a seeded request after a partial prefill needs Generator.get_offset(), which a CPU
+    generator lacks ("CPU Generator does not use offset"); the CPU engine schedules whole prompts."""
+    eng = make_engine("vllm", model_path=peaked_dir, batch_size=8, **VLLM_KW)
+    try:
+        words = " ".join(f"item{i}" for i in range(400))
+        prompts = [render_prompt_ids(tiny_tokenizer, [{"role": "user", "content": f"{k}: {words}"}])[:1000]
+                   for k in range(8)]
+        assert sum(map(len, prompts)) > 4096
+        params = SamplingParams(temperature=1.0, max_new_tokens=4, stop_token_ids=[2], seed=11)
+        first, again = eng.generate(prompts, params), eng.generate(prompts, params)
+        assert len(first) == 8 and [g.token_ids for g in again] == [g.token_ids for g in first]
+    finally:
+        eng.close()

@@ -120,6 +120,11 @@ class VLLMEngine:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
         if on_gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            # Never split a prompt across scheduler steps on CPU: vLLM rewinds a seeded request's generator
+            # after a partial prefill with Generator.get_offset(), which CPU generators do not have ("CPU
+            # Generator does not use offset" killed two training runs at their mid-run sampled evaluation).
+            kwargs["max_num_batched_tokens"] = max(batch_size * max_model_len, 8192)
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
         self.model_path = str(model_path)
