@@ -75,7 +75,7 @@ def assemble(root: Path, passk: list[Path], probes: list[Path]) -> dict[str, Any
             "validation_delta_reward_vs_base": validation.get("reward", {}).get("mean_diff"),
             "validation_ci95_low": validation.get("reward", {}).get("ci95_low"),
             "validation_ci95_high": validation.get("reward", {}).get("ci95_high"),
-            "curve_final_success_16": statistics.fmean(f["success_rate"] for f in finals),
+            "curve_final_success": statistics.fmean(f["success_rate"] for f in finals),
             "steps_updated_fraction": statistics.fmean(fractions) if fractions else None,
             "per_family": {"test": paired.get("test", {}).get("per_family_reward", {}).get(name, {}),
                            "validation": paired.get("validation", {}).get("per_family_reward", {}).get(name, {})},

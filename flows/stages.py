@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 
 from prefect import flow, task
+from prefect.client.schemas.objects import State
 from prefect.states import Completed
 
 from flows.common import artifact_key, config, flow_run_id, progress_artifact, transient
@@ -43,8 +44,9 @@ def stage_task(stage: str, profile: str, overrides: list[str], cycle_id: str):
 def stage(name: str, profile: str, overrides: list[str], cycle_id: str) -> dict:
     """Submit one stage with the retries of the profile's ``cycle`` section."""
     cfg = config(profile, overrides)
-    return stage_task.with_options(name=name, retries=cfg.cycle.retries,
-                                   retry_delay_seconds=cfg.cycle.retry_delay_seconds)(name, profile, overrides, cycle_id)
+    out = stage_task.with_options(name=name, retries=cfg.cycle.retries,
+                                  retry_delay_seconds=cfg.cycle.retry_delay_seconds)(name, profile, overrides, cycle_id)
+    return out.result() if isinstance(out, State) else out  # a reused stage's task returns its Cached state
 
 
 def _stage_flow(name: str):
