@@ -6,6 +6,7 @@ Assembles ``benchmarks/results/self_improvement.json`` from what the experiments
   the held-out and validation splits; the paired difference of every method to the base model with the
   cluster-bootstrap interval (:func:`lopd_core.compare_report.paired_intervals`);
 - ``--passk``: the ``lopd probe-passk --out`` summaries (per-family pass@k of the base model);
+- ``--report``: the comparison report's ``results.json`` (its runs carry the training signals from MLflow);
 - ``--probe``: one or more ``lopd probe-teacher --out`` results (each teacher's privilege on the base's episodes).
 
     python -m benchmarks.self_improvement --root $LOPD_HOME/compare/toolworld \\
@@ -37,9 +38,10 @@ def updated_fraction(run: dict[str, Any]) -> float | None:
     return signal["mean"] if signal else None
 
 
-def assemble(root: Path, passk: list[Path], probes: list[Path]) -> dict[str, Any]:
+def assemble(root: Path, passk: list[Path], probes: list[Path], report: Path | None = None) -> dict[str, Any]:
     shared = json.loads((root / "shared.json").read_text())
-    runs = load_runs(root)
+    # the comparison report's results.json carries each run with its training signals read back from MLflow
+    runs = json.loads(report.read_text())["runs"] if report is not None else load_runs(root)
     plan = json.loads((root / "plan.json").read_text()) if (root / "plan.json").exists() else {}
     result = {"suite": plan.get("suite", ""), "root": str(root), "runs": runs, "budget": plan.get("budget")}
     paired = paired_intervals(result)
@@ -96,11 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--passk", type=Path, nargs="*", default=[])
     parser.add_argument("--probe", type=Path, nargs="*", default=[])
+    parser.add_argument("--report", type=Path, default=None,
+                        help="the comparison report's results.json (lopd compare --report-only): runs with their "
+                             "training signals (steps_updated_fraction); without it, the runs' result.json files")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     report = {"benchmark": "self_improvement",
               "command": portable("python -m benchmarks.self_improvement " + " ".join(argv or []), lopd_home()),
-              **assemble(args.root, args.passk, args.probe)}
+              **assemble(args.root, args.passk, args.probe, args.report)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(portable(json.dumps(report, indent=2, default=str), lopd_home()) + "\n")
     print(json.dumps({k: report[k] for k in ("suite", "base", "methods")}, indent=2, default=str)[:4000])

@@ -126,7 +126,8 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
         "privilege_success": 0.1, "privilege_failure": -0.2, "privilege_first_token": 0.3,
         "first_token_ci95_low": 0.2, "first_token_ci95_high": 0.4, "successes": 3, "failures": 1}}}))
     gathered = tmp_path / "self_improvement.json"
-    assert self_improvement.main(["--root", str(root), "--probe", str(probe), "--out", str(gathered)]) == 0
+    assert self_improvement.main(["--root", str(root), "--probe", str(probe), "--out", str(gathered),
+                                  "--report", str(report / "results.json")]) == 0
     si = json.loads(gathered.read_text())
     assert si["held_out_tasks"] == si["validation_tasks"] == 4 and set(si["methods"]) == {"lopd", "grpo", "none"}
     lopd_si = si["methods"]["lopd"]
