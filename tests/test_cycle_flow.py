@@ -76,6 +76,7 @@ def test_a_failed_cycle_flow_run_retried_resumes_its_cycle_and_is_watchable(tmp_
         ArtifactFilterKey,
         FlowRunFilter,
         FlowRunFilterId,
+        FlowRunFilterStartTime,
         LogFilter,
         LogFilterFlowRunId,
         TaskRunFilter,
@@ -116,11 +117,18 @@ def test_a_failed_cycle_flow_run_retried_resumes_its_cycle_and_is_watchable(tmp_
     monkeypatch.setattr(cycle_flows, "training_slot", slot_failing_once)
     monkeypatch.setattr(cycle, "_rekey", rekey_failing_once)
 
+    # the test process's Prefect API may already hold other tests' flow runs: only those started from now on
+    # are this test's
+    started = datetime.now(UTC)
+
+    def new_runs(client):
+        return client.read_flow_runs(flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=started)))
+
     # --- attempt 1: fails between stages; the on_failure hook marks the cycle and its MLflow run FAILED ---
     with pytest.raises(RuntimeError, match="training slot"):
         cycle_flows.cycle_flow("smoke", overrides)
     with _prefect_client() as client:
-        (flow_run,) = client.read_flow_runs()
+        (flow_run,) = new_runs(client)
     assert flow_run.state.type.value == "FAILED"
     cycle_id = flow_run.name.removeprefix("cycle-")
     assert flow_run.name == f"cycle-{cycle_id}" and cycle_id == cycle_flows.flow_run_cycle_id(flow_run)
@@ -163,7 +171,7 @@ def test_a_failed_cycle_flow_run_retried_resumes_its_cycle_and_is_watchable(tmp_
     with _prefect_client() as client:
         final = client.read_flow_run(flow_run.id)
         assert final.state.type.value == "COMPLETED" and final.run_count == 3
-        assert len(client.read_flow_runs()) == 1
+        assert [r.id for r in new_runs(client)] == [flow_run.id]  # the retries reused the one flow run
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
                                       task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(
                                           any_=[flow_run.id])))
