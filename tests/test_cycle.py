@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from workspace_procs import workspace_processes
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -164,22 +165,9 @@ def test_forced_champion_is_a_model_mlflow_loads_and_lopd_exports(two_cycles, mo
     assert tokenizer.decode(ids, skip_special_tokens=True) == answers["models:/lopd-student@champion"]
 
 
-def _orphans(home: Path) -> list[int]:
-    """Processes of the workspace ``home`` still running (other than this one)."""
-    pids = []
-    for proc_dir in Path("/proc").glob("[0-9]*"):
-        try:
-            environ = (proc_dir / "environ").read_bytes()
-        except OSError:
-            continue
-        if f"LOPD_HOME={home}".encode() in environ and int(proc_dir.name) != os.getpid():
-            pids.append(int(proc_dir.name))
-    return pids
-
-
 def _kill_orphans(home: Path) -> None:
     """A crash test must not leave the host with stray processes, even when its assertion failed."""
-    for pid in _orphans(home):
+    for pid in workspace_processes(home):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -201,9 +189,9 @@ def test_crash_in_distillation_resumes_from_checkpoint(tmp_path, models_dir):
     proc.wait()
     try:
         deadline = time.time() + 20
-        while _orphans(home) and time.time() < deadline:
+        while workspace_processes(home) and time.time() < deadline:
             time.sleep(0.2)
-        assert not _orphans(home), "the temporary Prefect server (or another child) outlived the killed cycle"
+        assert not workspace_processes(home), "the temporary Prefect server (or another child) outlived the killed cycle"
     finally:
         _kill_orphans(home)
     rec = json.loads((home / "runs" / "k1" / "cycle.json").read_text())

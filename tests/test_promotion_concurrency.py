@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+from test_gate import _pair
+
 from lopd_core.config import load_config
 from lopd_core.registry import ModelRegistry
 
@@ -86,16 +88,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 120) -> str:
 def test_no_mixed_pair_is_readable_while_two_processes_promote_and_roll_back(tmp_path):
     reg = ModelRegistry(f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri(), load_config("smoke").registry)
     reg.bootstrap_base("tiny", config_hash="abc", base_path=tmp_path)
-    pairs = []
-    for name in ("a", "b", "c"):
-        dirs = []
-        for role in ("s", "c"):
-            d = tmp_path / f"{name}-{role}"
-            d.mkdir()
-            (d / "w.txt").write_text(name)
-            dirs.append(d)
-        pair = reg.register_pair(*dirs, run_id=reg.cycle_run(name), cycle_id=name, tags={})
-        pairs.append([pair.student, pair.composer])
+    pairs = [[pair.student, pair.composer] for pair in (_pair(reg, tmp_path, name) for name in ("a", "b", "c"))]
     registered = {(v["version"], v["tags"]["paired_with"]) for v in reg.versions("student")}
     assert len(registered) == 4
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from workspace_procs import workspace_processes
 
 from lopd_core import liveness
 
@@ -27,19 +28,6 @@ def _env(home: Path) -> dict[str, str]:
     for key in ("PREFECT_API_URL", "LOPD_PREFECT_TEMPORARY_API"):
         env.pop(key, None)
     return env
-
-
-def _processes_of(home: Path) -> list[int]:
-    """Processes (other than this one) running with LOPD_HOME=home in their environment."""
-    pids = []
-    for proc_dir in Path("/proc").glob("[0-9]*"):
-        try:
-            environ = (proc_dir / "environ").read_bytes()
-        except OSError:
-            continue
-        if f"LOPD_HOME={home}\0".encode() in environ + b"\0" and int(proc_dir.name) != os.getpid():
-            pids.append(int(proc_dir.name))
-    return pids
 
 
 def _wait(predicate, timeout: float, what: str, proc=None):
@@ -85,11 +73,11 @@ def test_killed_cycle_is_marked_crashed_at_the_next_start(tmp_path, models_dir):
         os.kill(proc.pid, signal.SIGKILL)  # the main process only: nothing of it may stay behind
         proc.wait()
         # the temporary Prefect server (and anything else the cycle started) dies with it
-        _wait(lambda: not _processes_of(home), 20, "the cycle's child processes to end")
+        _wait(lambda: not workspace_processes(home), 20, "the cycle's child processes to end")
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in _processes_of(home):  # only if the assertion above failed
+        for pid in workspace_processes(home):  # only if the assertion above failed
             os.kill(pid, signal.SIGKILL)
 
     # the record still says running (nothing ran after the kill); `lopd status` flags it
@@ -122,7 +110,7 @@ def test_killed_cycle_is_marked_crashed_at_the_next_start(tmp_path, models_dir):
             "SELECT f.state_type, s.message FROM flow_run f JOIN flow_run_state s ON s.id = f.state_id "
             "WHERE f.id = ?", (flow_run_id,)).fetchone()
     assert state == "CRASHED" and f"process {proc.pid}" in message
-    assert not _processes_of(home)  # the rollback's own temporary server stopped with it
+    assert not workspace_processes(home)  # the rollback's own temporary server stopped with it
 
 
 def test_owner_stamps_tell_live_dead_recycled_and_remote_processes():
