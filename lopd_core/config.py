@@ -368,6 +368,8 @@ class DistillConfig(_Section):
     """M: the teacher's top-M support of the distillation KL."""
     micro_batch: int = Field(4, ge=0)
     """Rollouts per forward/backward in every method's update and the cold start (gradients accumulate: the same step, less memory); 0 = all."""
+    sort_by_length: bool = True
+    """Order each step's rollouts by length before cutting micro-batches (less padding; the same step)."""
     checkpoint_every: int = Field(1, ge=1)
     """Write a resumable checkpoint every this many steps."""
     keep_checkpoints: int = Field(2, ge=1)

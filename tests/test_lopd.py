@@ -327,6 +327,29 @@ def test_full_fine_tune_student_keeps_a_frozen_teacher(tiny_tokenizer, models_di
         lora_policies.load_student(tmp_path / "student")
 
 
+def test_rollouts_sorted_by_length_pad_less_and_give_the_same_step(tiny_tokenizer, models_dir):
+    """distill.sort_by_length: micro-batches of similar lengths (long, short, long, short → short, short |
+    long, long) pad less, and the step is the same up to the order of float sums."""
+    rows, tasks, retrieved = toy_rollouts(tiny_tokenizer)
+    rows, tasks, retrieved = rows * 2, tasks * 2, retrieved * 2
+    assert len(rows[0].token_ids) > len(rows[1].token_ids)
+    runs = []
+    for sort in (False, True):
+        cfg = smoke(**{"distill.micro_batch": 2, "distill.sort_by_length": sort, "distill.lopd.lr_composer": 1e-3,
+                       "distill.lr_student": 1e-3})
+        policies, composer = build(cfg, models_dir)
+        algo = LOPD(cfg.distill, policies, composer)
+        metrics = algo.step(StepInputs(step=0, trajectories=rows, tasks=tasks, retrieved=retrieved))
+        runs.append((metrics, [p.detach().clone() for p in policies.student_parameters()]))
+    (plain, p_plain), (packed, p_packed) = runs
+    assert packed["distill/padded_positions"] < plain["distill/padded_positions"]
+    assert packed["distill/micro_batches"] == plain["distill/micro_batches"] == 2
+    for key in ("distill/kl_topk", "distill/composer_kl", "distill/supervised_tokens", "distill/student_grad_norm"):
+        assert packed[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    for a, b in zip(p_plain, p_packed, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
 def test_micro_batches_give_the_same_step_as_the_whole_batch(tiny_tokenizer, models_dir):
     rows, tasks, retrieved = toy_rollouts(tiny_tokenizer)
     runs = []

@@ -20,7 +20,7 @@ What it is not: no rollouts, no retrieval policy, no file I/O, no tensors (the l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -66,6 +66,16 @@ class Algorithm(Protocol):
 def usable_rollouts(trajectories: list[Trajectory]) -> list[int]:
     """Indices of rollouts that may get a loss: not errored and with at least one generated token."""
     return [i for i, t in enumerate(trajectories) if t.status != "error" and t.n_generated > 0]
+
+
+def by_length(indices: Iterable[int], trajectories: Sequence[Trajectory], *, enabled: bool = True) -> list[int]:
+    """``indices`` (into ``trajectories``) shortest trajectory first, stable (``distill.sort_by_length``).
+
+    Consecutive micro-batches then hold rollouts of similar length, so padding each to its longest costs
+    little. Every update divides each micro-batch's loss sum by the step's token total, so the order changes
+    the step only by the order of float sums."""
+    indices = list(indices)
+    return sorted(indices, key=lambda i: len(trajectories[i].token_ids)) if enabled else indices
 
 
 def skipped_metrics(prefix: str, *, total: int, errored: int, without_context: int = 0) -> dict[str, float]:

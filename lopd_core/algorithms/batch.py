@@ -51,6 +51,11 @@ class SequenceBatch:
     def n_positions(self) -> int:
         return int(self.attention_mask.sum().item())
 
+    @property
+    def n_padded(self) -> int:
+        """Padding positions: the forward's wasted work (``distill.sort_by_length`` keeps it small)."""
+        return self.attention_mask.numel() - self.n_positions
+
 
 def supervised_positions(trajectory: Trajectory) -> list[int]:
     trajectory.validate_alignment()

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from lopd_core import losses
-from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollouts
+from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, usable_rollouts
 from lopd_core.algorithms.batch import to_padded
 from lopd_core.algorithms.logprobs import (
     gather_tokens,
@@ -96,6 +96,7 @@ class GRPO:
         advantages = group_advantages(grouped, usable, self.policies.device)
         keep = [n for n in range(len(usable)) if float(advantages[n]) != 0.0]
         metrics["grpo/zero_advantage_rate"] = 1.0 - len(keep) / max(len(usable), 1)
+        keep = by_length(keep, [trajectories[u] for u in usable], enabled=self.cfg.sort_by_length)
         if not keep:
             return {**metrics, "distill/updated": 0.0}
         rows = [trajectories[usable[n]] for n in keep]

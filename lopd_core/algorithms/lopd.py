@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from lopd_core import losses
-from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollouts
+from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, usable_rollouts
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch, to_padded
 from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, rewards_tensor, student_logprobs
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
@@ -268,7 +268,7 @@ class LOPD:
         lopd, policies = self.lopd, self.policies
         timer = Timer()
         usable = usable_rollouts(inputs.trajectories)
-        chosen = [i for i in usable if inputs.retrieved[i]]
+        chosen = by_length([i for i in usable if inputs.retrieved[i]], inputs.trajectories, enabled=self.cfg.sort_by_length)
         metrics = skipped_metrics("distill", total=len(inputs.trajectories),
                                   errored=len(inputs.trajectories) - len(usable), without_context=len(usable) - len(chosen))
         if not chosen:
@@ -314,6 +314,7 @@ class LOPD:
             "distill/beta": self.beta,
             "distill/supervised_tokens": float(n_tokens),
             "distill/teacher_tokens": float(sum(b.t_batch.n_positions for b in batches)),
+            "distill/padded_positions": float(sum(b.t_batch.n_padded + b.s_batch.n_padded for b in batches)),
             "distill/teacher_tail_mass": tail,
             "distill/micro_batches": float(len(batches)),
             "distill/mean_experiences": sum(map(len, experiences)) / len(experiences),

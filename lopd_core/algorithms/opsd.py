@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from lopd_core import losses
-from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollouts
+from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, usable_rollouts
 from lopd_core.algorithms.context import opsd_reference
 from lopd_core.algorithms.logprobs import model_logprobs, paired_micro_batches, student_logprobs
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
@@ -46,7 +46,7 @@ class OPSD:
 
     def step(self, inputs: StepInputs) -> dict[str, Any]:
         tok, timer = self.policies.tokenizer, Timer()
-        usable = usable_rollouts(inputs.trajectories)
+        usable = by_length(usable_rollouts(inputs.trajectories), inputs.trajectories, enabled=self.cfg.sort_by_length)
         sources = {"bank": 0, "oracle": 0, "none": 0}
         chosen, prompts = [], []
         for i in usable:

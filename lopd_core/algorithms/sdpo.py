@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from lopd_core import losses
-from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollouts
+from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, usable_rollouts
 from lopd_core.algorithms.context import SDPO_FRAMING_BEFORE, sdpo_context
 from lopd_core.algorithms.logprobs import (
     gather_tokens,
@@ -78,7 +78,7 @@ class SDPO:
         tok, timer, g = self.policies.tokenizer, Timer(), inputs.group_size
         usable = set(usable_rollouts(inputs.trajectories))
         chosen, prompts, with_sibling, with_feedback = [], [], 0, 0
-        for i in sorted(usable):
+        for i in by_length(sorted(usable), inputs.trajectories, enabled=self.cfg.sort_by_length):
             start = (i // g) * g
             group = inputs.trajectories[start:start + g]
             context, sibling, feedback = sdpo_context(tok, group, i - start, max_tokens=self.cfg.lopd.experience_max_tokens,

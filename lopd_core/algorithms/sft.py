@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from lopd_core.algorithms.base import by_length
 from lopd_core.algorithms.logprobs import gather_tokens, micro_batches, plain_student_batch, student_logprobs
 from lopd_core.algorithms.optim import clip_and_step
 from lopd_core.models.policy import PolicySet
@@ -16,8 +17,9 @@ from lopd_core.records.trajectory import Trajectory
 
 
 def supervised_update(policies: PolicySet, optimizer: torch.optim.Optimizer, rows: list[Trajectory], *,
-                      micro_batch: int, grad_clip: float) -> dict[str, float]:
+                      micro_batch: int, grad_clip: float, sort_by_length: bool = True) -> dict[str, float]:
     """One step of NLL on the assistant tokens of ``rows``; returns the loss (nats/token), grad norm, tokens."""
+    rows = [rows[i] for i in by_length(range(len(rows)), rows, enabled=sort_by_length)]
     parts = micro_batches(len(rows), micro_batch)
     batches = [plain_student_batch(policies, rows[part]) for part in parts]
     n_tokens = sum(b.n_tokens for b in batches)
@@ -31,4 +33,5 @@ def supervised_update(policies: PolicySet, optimizer: torch.optim.Optimizer, row
         del logprobs, loss
     grad_norm = clip_and_step(policies.student_parameters(), optimizer, max_norm=grad_clip)
     policies.train_mode(False)
-    return {"loss": total, "grad_norm": grad_norm, "tokens": float(n_tokens), "micro_batches": float(len(parts))}
+    return {"loss": total, "grad_norm": grad_norm, "tokens": float(n_tokens), "micro_batches": float(len(parts)),
+            "padded_positions": float(sum(b.n_padded for b in batches))}

@@ -29,7 +29,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from lopd_core import losses
-from lopd_core.algorithms.base import StepInputs, skipped_metrics, usable_rollouts
+from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, usable_rollouts
 from lopd_core.algorithms.batch import to_padded
 from lopd_core.algorithms.context import truncate_tokens
 from lopd_core.algorithms.grpo import group_advantages
@@ -182,6 +182,7 @@ class SkillSD:
             candidates = list(dict.fromkeys(e.experience_id for e in inputs.retrieved[start]))
             if candidates:
                 chosen_skill[start // g] = self.bank.choose(candidates, c=self.skill_cfg.ucb_c)
+        usable = by_length(usable, inputs.trajectories, enabled=self.cfg.sort_by_length)
         rows = [inputs.trajectories[i] for i in usable]
         prompts = []
         for i, traj in zip(usable, rows, strict=True):
