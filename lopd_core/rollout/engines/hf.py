@@ -102,22 +102,13 @@ class HFEngine:
                 mask[row, width - len(prompt):] = 1
         return ids.to(device), mask.to(device)
 
-    @staticmethod
-    def _chosen_logprobs(scores: tuple[torch.Tensor, ...], new_tokens: torch.Tensor) -> torch.Tensor:
-        """[B, T] log-probs of the chosen tokens under the processed distribution, one step at a time
-        (a [B, T, V] stack would be needless memory)."""
-        out = torch.empty(new_tokens.shape, dtype=torch.float32)
-        for t, step_scores in enumerate(scores):
-            logp = torch.log_softmax(step_scores.float(), dim=-1)
-            out[:, t] = logp.gather(1, new_tokens[:, t : t + 1]).squeeze(1).cpu()
-        return out
-
     def _run_chunk(self, model_inputs: dict[str, torch.Tensor], prompt_width: int, config,
                    stop_ids: set[int]) -> list[Generation]:
         out = self.model.generate(**model_inputs, generation_config=config)
         # with input_ids the returned sequences start with the (padded) prompt; with inputs_embeds they do not
         new_tokens = out.sequences[:, prompt_width:]
-        logprobs = self._chosen_logprobs(out.scores, new_tokens)
+        # log-probs of the chosen tokens under the processed (temperature, top-k/p) distribution
+        logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True).float().cpu()
         gens = []
         for row in range(new_tokens.shape[0]):
             gens.append(_cut_at_stop(new_tokens[row].tolist(), logprobs[row].tolist(), stop_ids))
