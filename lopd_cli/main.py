@@ -21,7 +21,7 @@ app.add_typer(sandbox.sandbox_app, name="sandbox")
 app.add_typer(suite.suite_app, name="suite")
 app.add_typer(memory.memory_app, name="memory")
 app.command()(train.distill)
-for _name in ("cycle", "serve", "backfill", "evaluate", "promote", "rollback"):
+for _name in ("cycle", "serve", "deploy", "backfill", "evaluate", "promote", "rollback"):
     app.command(_name)(getattr(pipeline, _name))
 app.command()(compare.compare)
 app.command("probe-passk")(probe.probe_passk)

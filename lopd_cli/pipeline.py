@@ -1,4 +1,4 @@
-"""`lopd cycle|serve|backfill|evaluate|promote|rollback`: the continual-learning cycle and its registry.
+"""`lopd cycle|serve|deploy|backfill|evaluate|promote|rollback`: the continual-learning cycle and its registry.
 
 These commands run the Prefect flows of ``flows/`` — ``lopd cycle`` is one ``lopd-cycle`` flow run — and
 print a summary (``--json``: one JSON object on the last line of stdout). Without PREFECT_API_URL they start
@@ -94,6 +94,25 @@ def serve(profile: Profile = "demo", set_: Overrides = None):
     from flows.serve import serve as serve_deployments
 
     serve_deployments(profile, list(set_ or []))
+
+
+def deploy(
+    pool: Annotated[str, typer.Option(help="Prefect work pool (created as a process pool when missing).")] = "lopd-process",
+    profile: Profile = "demo",
+    set_: Overrides = None,
+):
+    """Register the deployments on a work pool (lopd-cycle on the profile's schedule); run them with a worker."""
+    cfg, ws = _prefect(profile, set_, temporary_server=False)
+    from flows.common import real_server
+
+    if not real_server():
+        fail("`lopd deploy` needs a Prefect server: run `prefect server start` and set "
+             "PREFECT_API_URL=http://127.0.0.1:4200/api")
+    from flows.serve import deploy as deploy_deployments
+
+    env = {"LOPD_HOME": str(ws.home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    ids = deploy_deployments(profile, list(set_ or []), pool=pool, env=env)
+    out.print(f"{len(ids)} deployments on work pool {pool!r}; start a worker: prefect worker start --pool {pool}")
 
 
 def backfill(
