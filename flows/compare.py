@@ -19,7 +19,15 @@ from typing import Any
 
 from prefect import flow, task
 
-from flows.common import claim_flow_run, config, reap_crashed, training_slot, transient
+from flows.common import (
+    artifact_key,
+    claim_flow_run,
+    config,
+    progress_artifact,
+    reap_crashed,
+    training_slot,
+    transient,
+)
 
 
 def _comparison(profile: str, overrides: list[str], params: dict[str, Any]):
@@ -39,13 +47,17 @@ def _comparison(profile: str, overrides: list[str], params: dict[str, Any]):
 @task(name="compare-bank", retry_condition_fn=transient, retries=1, persist_result=False)
 def bank_task(profile: str, overrides: list[str], params: dict[str, Any]) -> dict:
     comp, _ = _comparison(profile, overrides, params)
-    return {"bank": comp.bank_info(), "base_eval": comp.base_eval()}
+    with progress_artifact("episodes", key=artifact_key("compare", params["suite"], "bank-progress"),
+                           description=f"compare {params['suite']}: bank and base evaluation (episodes of each batch)"):
+        return {"bank": comp.bank_info(), "base_eval": comp.base_eval()}
 
 
 @task(name="compare-run", retry_condition_fn=transient, retries=1, persist_result=False)
 def run_task(profile: str, overrides: list[str], params: dict[str, Any], key: str) -> dict:
     comp, specs = _comparison(profile, overrides, params)
-    return comp.run_timed(next(s for s in specs if s.key == key))
+    with progress_artifact("distill", key=artifact_key("compare", params["suite"], key, "progress"),
+                           description=f"compare {params['suite']}: run {key} (training steps)"):
+        return comp.run_timed(next(s for s in specs if s.key == key))
 
 
 @flow(name="lopd-compare", log_prints=True)
@@ -63,10 +75,16 @@ def compare_flow(suite: str = "toolworld", methods: str = "lopd,grpo,opsd,sdpo,s
     comp, specs = _comparison(profile, overrides, params)  # a bad plan fails here, before any work
     claim_flow_run()
     reap_crashed(comp.cfg)
-    with training_slot(comp.cfg.cycle.concurrency_limit_name, comp.ws.home):
+    from lopd_core.progress import report
+
+    with (training_slot(comp.cfg.cycle.concurrency_limit_name, comp.ws.home),
+          progress_artifact("runs", key=artifact_key("compare", suite, "runs"),
+                            description=f"compare {suite}: runs finished of {len(specs)}")):
         bank_task(profile, overrides, params)
-        runs = [run_task.with_options(task_run_name=f"run-{spec.key}")(profile, overrides, params, spec.key)
-                for spec in specs]
+        runs = []
+        for spec in specs:
+            runs.append(run_task.with_options(task_run_name=f"run-{spec.key}")(profile, overrides, params, spec.key))
+            report("runs", len(runs), len(specs))
     result = comp.result(runs)
     out = Path(report_dir) if report_dir else Path("reports") / f"{suite}-{date.today().isoformat()}"
     command = f"flow lopd-compare, parameters {json.dumps({**params, 'profile': profile, 'overrides': overrides})}"

@@ -202,12 +202,17 @@ def test_compare_flow_runs_each_run_as_a_task_and_publishes_the_report(tmp_path,
     with get_client(sync_client=True) as client:
         names = sorted(t.name for t in client.read_task_runs(task_run_filter=TaskRunFilter()))
         arts = {a.key: a for a in client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["compare-toolworld-report",
-                                                                        "compare-toolworld-final"])))}
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[
+                "compare-toolworld-report", "compare-toolworld-final", "compare-toolworld-runs",
+                "compare-toolworld-lopd-s0-progress", "compare-toolworld-bank-progress"])))}
     assert {"run-lopd-s0", "run-none-s0"} <= set(names) and any(n.startswith("compare-bank") for n in names)
     assert "data:image/png;base64," in arts["compare-toolworld-report"].data
     assert "Rollouts LOPD needs" in arts["compare-toolworld-report"].data
     assert {r["run"] for r in json.loads(arts["compare-toolworld-final"].data)} == {"lopd", "none"}
+    # progress a user can watch: runs finished, each run's training steps, the bank's episodes
+    assert arts["compare-toolworld-runs"].type == "progress" and float(arts["compare-toolworld-runs"].data) == 100.0
+    assert float(arts["compare-toolworld-lopd-s0-progress"].data) == 100.0
+    assert float(arts["compare-toolworld-bank-progress"].data) > 0
 
 
 def test_run_order_is_seed_major_then_ablations_and_names_are_checked():
