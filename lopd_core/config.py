@@ -189,6 +189,8 @@ class IndexConfig(_Section):
     """Build an ANN vector index once the experiences table has this many rows (exact search below)."""
     embed_batch_size: int = Field(64, ge=1)
     """Texts per embedder call."""
+    keep_versions_days: float = Field(30.0, gt=0.0)
+    """LanceDB versions older than this are removed after each index stage, except those a registered model was trained on (tagged `pinned-v<N>`) and all newer than the oldest of them."""
 
 
 class ColdStartConfig(_Section):

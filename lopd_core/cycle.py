@@ -35,7 +35,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from lopd_core.envs import get_suite
 from lopd_core.evaluation import episode_metrics, other_suite
 from lopd_core.memory.curation import curate_store
 from lopd_core.memory.indexing import index_store
-from lopd_core.memory.store import ExperienceStore
+from lopd_core.memory.store import TABLES, ExperienceStore
 from lopd_core.metrics import numeric
 from lopd_core.models.loading import resolve_model_path
 from lopd_core.recipe import bank_from_store, cold_start_composer, evaluate_policy, seed_episodes
@@ -294,7 +294,14 @@ def stage_index(ctx: CycleContext) -> dict[str, Any]:
     ctx.registry.log_metrics(ctx.mlflow_run_id, {"memory/experiences": float(n),
                                                  "memory/experiences_version": float(result.experiences_version),
                                                  "memory/index_experiences_per_s": result.experiences_per_second})
-    return {"experiences_version": result.experiences_version, "experiences": n,
+    pinned = {result.experiences_version} | {int(v["tags"]["experience_table_version"])
+                                            for v in ctx.registry.versions("student")
+                                            if str(v["tags"].get("experience_table_version", "")).isdigit()}
+    keep = timedelta(days=ctx.cfg.index.keep_versions_days)
+    cleaned = {name: ctx.store.keep_versions(name, keep=keep, pinned=pinned if name == "experiences" else ())
+               for name in TABLES}
+    ctx.registry.log_metrics(ctx.mlflow_run_id, {"memory/versions_removed": float(sum(c["removed"] for c in cleaned.values()))})
+    return {"experiences_version": result.experiences_version, "experiences": n, "versions": cleaned,
             "inserted": result.n_inserted, "updated": result.n_updated, "deleted": result.n_deleted,
             "near_duplicates": len(result.near_duplicates), "vector_index": result.vector_index}
 

@@ -74,6 +74,12 @@ def test_table_versions_advance_and_rows_are_not_duplicated(two_cycles):
     # per cycle: 4 seed rollouts + 2 steps x 2 training episodes
     assert len(ids) == ids.nunique() == 2 * (4 + 2 * 2)
     assert s.count("quarantine") == 0  # well-formed cycles quarantine nothing
+    # the index stage keeps the versions registered models were trained on (index.keep_versions_days)
+    rec = json.loads((home / "runs" / "c2" / "cycle.json").read_text())["stages"]["index"]["versions"]
+    assert {first["experiences_version"], second["experiences_version"]} <= set(rec["experiences"]["pinned"])
+    tags = s.db.open_table("experiences").tags.list()
+    assert tags[f"pinned-v{first['experiences_version']}"]["version"] == first["experiences_version"]
+    assert s.count("experiences", version=first["experiences_version"]) > 0
 
 
 def test_rerunning_a_finished_cycle_changes_nothing(two_cycles, models_dir):

@@ -309,3 +309,32 @@ def test_rows_an_older_table_schema_cannot_hold_are_quarantined_one_by_one(store
     refused = store.read("quarantine")
     assert sorted(refused["row_key"]) == [rows[50].trajectory_id, rows[51].trajectory_id]
     assert all(r.startswith("storage: LanceDB refused the row") for r in refused["reason"])
+
+
+def test_old_versions_are_removed_except_the_pinned_ones_and_their_tags_follow(store):
+    """index.keep_versions_days: versions older than the window go, a registered model's version stays (and
+    every newer one: cleanup takes an age), tagged pinned-v<N>; an unpinned tag is removed."""
+    import time
+    from datetime import timedelta
+
+    for i in range(5):
+        store.write_trajectories([make_trajectory(i)], cycle_id=f"c{i}")
+        if i == 1:
+            time.sleep(1.5)  # the pin keeps versions from 1 s before it (cleanup takes an age, not a list)
+    versions = [v["version"] for v in store.list_versions("trajectories")]  # the empty table, then a row each
+    pinned = versions[3]  # the first after the pause: 3 rows
+    time.sleep(0.2)
+    out = store.keep_versions("trajectories", keep=timedelta(seconds=0.1), pinned=[pinned, 999])
+    left = [v["version"] for v in store.list_versions("trajectories")]
+    assert out["pinned"] == [pinned] and out["removed"] == 3 and left[0] == pinned
+    assert set(versions[:3]).isdisjoint(left) and set(versions[3:]) <= set(left)
+    assert store.count("trajectories", version=pinned) == 3  # still readable
+    tbl = store.db.open_table("trajectories")
+    assert tbl.tags.list()[f"pinned-v{pinned}"]["version"] == pinned
+    # unpinned: the tag goes and the next cleanup removes the version
+    time.sleep(0.2)
+    again = store.keep_versions("trajectories", keep=timedelta(seconds=0.1), pinned=[])
+    assert again["pinned"] == [] and pinned not in [v["version"] for v in store.list_versions("trajectories")]
+    assert not tbl.tags.list() and store.count("trajectories") == 5
+    # a generous window removes nothing
+    assert store.keep_versions("trajectories", keep=timedelta(days=30))["removed"] == 0

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from lopd_core.config import Config
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 TABLES = ("trajectories", "curated", "experiences", "evaluations", "quarantine")
+PIN_TAG = "pinned-v"
+"""Tag prefix of a table version a registered model was trained on (``pinned-v12``)."""
 ROW_HASH = "row_hash"
 _KEY_CHUNK = 500
 _SCALAR_DTYPES = {"str": "string", "string[pyarrow]": "string", "string[python]": "string", "string": "string",
@@ -192,6 +196,34 @@ class ExperienceStore:
         return [{"version": v["version"], "timestamp": str(v["timestamp"]),
                  "rows": int(v.get("metadata", {}).get("total_rows", -1))}
                 for v in self.db.open_table(name).list_versions()]
+
+    def keep_versions(self, name: str, *, keep: timedelta, pinned: Iterable[int] = ()) -> dict[str, Any]:
+        """Remove the versions of ``name`` older than ``keep``, never one in ``pinned``.
+
+        ``pinned`` are the versions registered models were trained on: each gets the tag ``pinned-v<N>``
+        (listed by LanceDB, and Lance refuses to clean a tagged version up), a tag whose version is no longer
+        pinned is removed, and as cleanup takes an age rather than a list, every version newer than the
+        oldest pinned one stays too. Compaction comes with it (``optimize``): one more version."""
+        if not self.has_table(name):
+            return {"table": name, "versions_before": 0, "versions_after": 0, "removed": 0, "pinned": []}
+        tbl = self.db.open_table(name)
+        stamps = {int(v["version"]): v["timestamp"] for v in tbl.list_versions()}
+        pins = sorted({int(v) for v in pinned} & set(stamps))
+        tags = tbl.tags.list()
+        for tag, info in tags.items():
+            if tag.startswith(PIN_TAG) and int(info["version"]) not in pins:
+                tbl.tags.delete(tag)
+        for v in pins:
+            if f"{PIN_TAG}{v}" not in tags:
+                tbl.tags.create(f"{PIN_TAG}{v}", v)
+        age = keep  # list_versions' timestamps are naive local times
+        if pins:
+            age = max(keep, datetime.now() - stamps[pins[0]] + timedelta(seconds=1))
+        tbl.optimize(cleanup_older_than=age)
+        after = sorted(int(v["version"]) for v in tbl.list_versions())
+        return {"table": name, "versions_before": len(stamps), "versions_after": len(after),
+                "removed": len(set(stamps) - set(after)), "oldest_kept": after[0], "pinned": pins,
+                "kept_for_s": round(age.total_seconds(), 1)}
 
     def count(self, name: str, *, where: str | None = None, version: int | None = None) -> int:
         if not self.has_table(name):
