@@ -1,9 +1,11 @@
 """The cycle's stages as Prefect tasks, and each stage as its own small flow.
 
 Each task rebuilds the config from (profile, overrides) and calls :func:`lopd_core.cycle.run_stage`, which
-is idempotent on the cycle id; results are small dicts. A stage the cycle record already holds (a retried or
-re-run cycle) is not run again: its task ends in a Completed state named ``Cached`` carrying the recorded
-result, so the UI shows it as reused. While the rollouts, distill and evaluate stages run, a progress artifact
+is idempotent on the cycle id; results are small dicts. Reuse is Prefect's own task caching: a stage's
+result is persisted (Prefect's result storage, by default under ``PREFECT_HOME``, which the workspace sets)
+under a key made of its inputs — stage, profile, overrides, cycle id, the workspace and the identity of the
+cycle's record (:func:`lopd_core.cycle.open_cycle`) — so a retried or re-run cycle gets each finished stage back in a ``Cached`` state without running it, and a
+cycle whose record was deleted starts afresh. While the rollouts, distill and evaluate stages run, a progress artifact
 of their task moves with each finished episode (rollouts, evaluate) or training step (distill), and the
 library's log lines (one per training step) are in the task's log (:func:`flows.common.forward_library_logs`). The one-stage flows are named ``lopd-stage-<stage>``
 (``lopd-evaluate`` and ``lopd-promote`` are the standalone flows of :mod:`flows.evaluate` and
@@ -17,22 +19,19 @@ from __future__ import annotations
 import contextlib
 
 from prefect import flow, task
-from prefect.client.schemas.objects import State
-from prefect.states import Completed
+from prefect.cache_policies import INPUTS
 
 from flows.common import artifact_key, config, flow_run_id, progress_artifact, transient
-from lopd_core.cycle import STAGES, recorded_stages, run_stage
+from lopd_core.cycle import STAGES, open_cycle, run_stage
 
 PROGRESS = {"rollouts": "episodes", "distill": "distill", "evaluate": "episodes"}
 """The :mod:`lopd_core.progress` reports a stage's progress artifact follows."""
 
 
-@task(name="stage", retry_condition_fn=transient, persist_result=False)
-def stage_task(stage: str, profile: str, overrides: list[str], cycle_id: str):
+@task(name="stage", retry_condition_fn=transient, cache_policy=INPUTS, persist_result=True)
+def stage_task(stage: str, profile: str, overrides: list[str], cycle_id: str, workspace: str, record: str):
+    """One stage; ``workspace`` and ``record`` (the cycle record's identity) only key the cache."""
     cfg = config(profile, overrides)
-    if stage in recorded_stages(cfg, cycle_id):
-        return Completed(name="Cached", message=f"cycle {cycle_id}: stage {stage} already completed; its recorded "
-                         "result is reused", data=run_stage(cfg, cycle_id, stage))
     follow = PROGRESS.get(stage)
     watch = (progress_artifact(follow, key=artifact_key("cycle", cycle_id, stage, "progress"),
                                description=f"cycle {cycle_id}: {stage} ({follow})")
@@ -42,11 +41,15 @@ def stage_task(stage: str, profile: str, overrides: list[str], cycle_id: str):
 
 
 def stage(name: str, profile: str, overrides: list[str], cycle_id: str) -> dict:
-    """Submit one stage with the retries of the profile's ``cycle`` section."""
+    """Run one stage with the retries of the profile's ``cycle`` section (its cached result when it finished
+    before)."""
+    from lopd_core.workspace import Workspace
+
     cfg = config(profile, overrides)
-    out = stage_task.with_options(name=name, retries=cfg.cycle.retries,
-                                  retry_delay_seconds=cfg.cycle.retry_delay_seconds)(name, profile, overrides, cycle_id)
-    return out.result() if isinstance(out, State) else out  # a reused stage's task returns its Cached state
+    home = str(Workspace.from_config(cfg.workspace).ensure().home)
+    return stage_task.with_options(name=name, retries=cfg.cycle.retries,
+                                   retry_delay_seconds=cfg.cycle.retry_delay_seconds,
+                                   )(name, profile, overrides, cycle_id, home, open_cycle(cfg, cycle_id))
 
 
 def _stage_flow(name: str):

@@ -474,6 +474,16 @@ def run_stage(cfg: Config, cycle_id: str, stage: str, *, flow_run_id: str = "") 
     return ctx.run_stage(stage, STAGE_FUNCTIONS[stage])
 
 
+def open_cycle(cfg: Config, cycle_id: str) -> str:
+    """Create the record of ``cycle_id`` if it does not exist yet; returns its identity (the record's start
+    time), which changes only when the record is made anew — what an orchestrator's cache of the stages is
+    keyed on, so a deleted cycle is never answered from a cache."""
+    ctx = CycleContext(cfg, cycle_id)
+    if not ctx.record_path.exists():
+        ctx._save()
+    return f"{ctx.record.started_at:.6f}"
+
+
 def recorded_stages(cfg: Config, cycle_id: str) -> list[str]:
     """The stages of ``cycle_id`` that completed (their results are recorded and will be returned as they are)."""
     return list(CycleContext(cfg, cycle_id).record.stages)
