@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lopd_core import losses
+from lopd_core import distributed, losses
 from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, usable_rollouts
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch, to_padded
 from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, rewards_tensor, student_logprobs
@@ -227,9 +227,12 @@ class LOPD:
                                        max_tokens=self.lopd.experience_max_tokens,
                                        micro_batch=self.lopd.encoder_micro_batch, prefix=prefix)
 
-    def _micro_batches(self, rows, tasks, experiences, *, offset: int = 0) -> list[MicroBatch]:
+    def _micro_batches(self, rows, tasks, experiences, *, offset: int = 0, first_index: int = 0,
+                       own: set[int] | None = None) -> list[MicroBatch]:
         """Micro-batches of ``distill.micro_batch`` rollouts, each with its own teacher and student tensors;
-        ``offset`` places their rows after the step's other rows (re-scored bank successes)."""
+        ``offset`` places their rows after the step's other rows (re-scored bank successes). Only the
+        micro-batches in ``own`` (indices from ``first_index``; None = all) get their teacher prefix cache:
+        the others are another rank's to compute."""
         pad, device = self.policies.tokenizer.pad_token_id, self.policies.device
         size = self.cfg.micro_batch or len(rows)
         out = []
@@ -238,7 +241,9 @@ class LOPD:
             prompts, pairs, pair_rows = self._prompts_and_pairs(rows[part], tasks[part], experiences[part])
             t_batch = teacher_batch(rows[part], prompts, pad_id=pad, device=device)
             s_batch = student_batch(rows[part], pad_id=pad, device=device)
-            prefix = teacher_prefix(self.policies, t_batch) if self.uses_latents and self.lopd.teacher_prefix_cache else None
+            computed = own is None or first_index + len(out) in own
+            prefix = (teacher_prefix(self.policies, t_batch)
+                      if computed and self.uses_latents and self.lopd.teacher_prefix_cache else None)
             out.append(MicroBatch(t_batch=t_batch, s_batch=s_batch, pairs=pairs, pair_rows=pair_rows,
                                   rewards=rewards_tensor(rows[part], device),
                                   targets=s_batch.target_ids[s_batch.mask.bool()],
@@ -275,28 +280,41 @@ class LOPD:
             return {**metrics, "distill/updated": 0.0, "distill/beta": self.beta}
         rows = [inputs.trajectories[i] for i in chosen]
         experiences = [inputs.retrieved[i][: lopd.n_retrieved] for i in chosen]
+        # with several processes (lopd_core.distributed) every rank builds every micro-batch's tensors (the
+        # step's normalisers come from all of them) and runs the forwards of its own share only
+        size = self.cfg.micro_batch or len(rows)
+        extra_rows, extra_tasks, extra_experiences = self._rescored_successes(inputs, rows)
+        n_main = -(-len(rows) // size)
+        own = set(distributed.mine(n_main + (-(-len(extra_rows) // (self.cfg.micro_batch or max(len(extra_rows), 1)))
+                                             if extra_rows else 0)))
         with timer("teacher"):  # the prefix caches of the teacher prompts are built here
-            batches = self._micro_batches(rows, [inputs.tasks[i] for i in chosen], experiences)
-            extra_rows, extra_tasks, extra_experiences = self._rescored_successes(inputs, rows)
-            extra = self._micro_batches(extra_rows, extra_tasks, extra_experiences, offset=len(rows)) if extra_rows else []
+            batches = self._micro_batches(rows, [inputs.tasks[i] for i in chosen], experiences, own=own)
+            extra = (self._micro_batches(extra_rows, extra_tasks, extra_experiences, offset=len(rows),
+                                         first_index=len(batches), own=own) if extra_rows else [])
+        every = [*batches, *extra]
+        mine_main = [i for i in sorted(own) if i < len(batches)]
+        mine_extra = [i for i in sorted(own) if i >= len(batches)]
         n_tokens = sum(b.s_batch.n_tokens for b in batches)
         # reusing the teacher forward keeps its graph through the student phase: only without micro-batches
-        fused = lopd.reuse_teacher_forward and self.composer_trainable and len(batches) == 1 and not extra
+        fused = (lopd.reuse_teacher_forward and self.composer_trainable and len(batches) == 1 and not extra
+                 and not distributed.active())
 
         # --- teacher phase: top-M ids and log-probs at every supervised position (no grad) -------------
         with timer("teacher"):
             policies.train_mode(fused)
-            teacher = [self._teacher_phase(b, keep_graph=fused) for b in [*batches, *extra]]
+            teacher = [self._teacher_phase(every[i], keep_graph=fused) for i in [*mine_main, *mine_extra]]
 
         # --- student phase: top-M + tail reverse KL, global token mean, one optimizer step -------------
         with timer("student"):
             policies.train_mode(True)
-            student, student_loss, student_grad_norm = self._student_phase(batches, teacher, n_tokens=n_tokens,
-                                                                           extra=extra)
+            student, student_loss, student_grad_norm = self._student_phase(
+                [batches[i] for i in mine_main], teacher, n_tokens=n_tokens, extra=[every[i] for i in mine_extra])
 
         # --- composer phase: KL on the same ids + β(m − Δ) + λ·anchor, one optimizer step on φ ------------
         with timer("composer"):
-            composer_metrics = self._composer_phase([*batches, *extra], teacher, student, n_rollouts=len(rows))
+            composer_metrics = self._composer_phase([every[i] for i in [*mine_main, *mine_extra]], teacher, student,
+                                                    n_rollouts=len(rows), every=every,
+                                                    indices=[*mine_main, *mine_extra])
         policies.train_mode(False)
 
         # --- dual step on β (Δ̂ from the composer-phase forward, before the φ step) --------------------
@@ -304,12 +322,13 @@ class LOPD:
             self.composer.beta = losses.dual_ascent(self.composer.beta, composer_metrics["distill/dual_estimate"],
                                                     margin=self.margin, lr=lopd.dual_lr)
 
-        tail = sum(float((1.0 - t.topm_logprobs.exp().sum(-1)).sum()) for t in teacher[: len(batches)]) / max(n_tokens, 1)
+        tail = distributed.all_sum(sum(float((1.0 - t.topm_logprobs.exp().sum(-1)).sum())
+                                       for t in teacher[: len(mine_main)])) / max(n_tokens, 1)
         seconds = timer.total()
         return {
             **metrics, **composer_metrics,
             "distill/updated": 1.0,
-            "distill/kl_topk": student_loss,
+            "distill/kl_topk": distributed.all_sum(student_loss),
             "distill/student_grad_norm": student_grad_norm,
             "distill/beta": self.beta,
             "distill/supervised_tokens": float(n_tokens),
@@ -359,26 +378,32 @@ class LOPD:
             outputs.append(StudentOutput(topm_logprobs=s_lp.gather(-1, t.topm_ids),
                                          token_logprobs=gather_tokens(s_lp, batch.targets)))
             del s_lp
+        distributed.all_reduce_grads(self.policies.student_parameters())
         grad_norm = clip_and_step(self.policies.student_parameters(), self.student_optimizer, max_norm=self.cfg.grad_clip)
         return outputs, total, grad_norm
 
     def _composer_phase(self, batches: list[MicroBatch], teacher: list[TeacherOutput], student: list[StudentOutput],
-                        *, n_rollouts: int) -> dict[str, float]:
+                        *, n_rollouts: int, every: list[MicroBatch] | None = None,
+                        indices: list[int] | None = None) -> dict[str, float]:
         """Per micro-batch its share of :func:`lopd_core.losses.composer_objective`, then one step on φ.
 
         Rows past ``n_rollouts`` are re-scored bank successes: they enter Δ only. Without a trainable composer
-        (frozen φ, text context) it only measures Δ from the teacher phase."""
+        (frozen φ, text context) it only measures Δ from the teacher phase. ``every`` is the step's whole list
+        of micro-batches and ``indices`` the positions of ``batches`` in it (several processes: each computes
+        its own share; the weights and sizes come from all of them)."""
         lopd = self.lopd
-        rewards = torch.cat([b.rewards for b in batches])
+        every = batches if every is None else every
+        indices = list(range(len(batches))) if indices is None else indices
+        rewards = torch.cat([b.rewards for b in every])
         weights = losses.margin_weights(rewards, form=lopd.margin_form, success_reward=lopd.success_reward,
                                         failure_reward=lopd.failure_reward)
-        n_anchor = sum(len(b.pairs) for b in batches) * lopd.n_latents * (self.composer.compressor.spec.hidden_size
-                                                                          if self.composer is not None else 0)
+        n_anchor = sum(len(b.pairs) for b in every) * lopd.n_latents * (self.composer.compressor.spec.hidden_size
+                                                                        if self.composer is not None else 0)
         gain = self.composer.compressor.spec.latent_gain if self.composer is not None else None
         anchor_scale = 1.0 / gain ** 2 if lopd.anchor_units == "embedding_rms" and gain else 1.0
         totals = dict.fromkeys(("kl", "margin", "anchor", "loss", "latent_sq"), 0.0)
-        flat_delta, flat_advantage, row_mean, row_first = [], [], [], []
-        for batch, t, s_out in zip(batches, teacher, student, strict=True):
+        per_batch: dict[int, tuple] = {}  # index → (row means, first tokens, flat δ, flat advantages or None)
+        for index, batch, t, s_out in zip(indices, batches, teacher, student, strict=True):
             mask, rescored = batch.s_batch.mask, batch.rows.start >= n_rollouts
             if not self.composer_trainable:
                 delta = to_padded(losses.privilege_delta(t.token_logprobs, s_out.token_logprobs), mask)
@@ -408,11 +433,18 @@ class LOPD:
                 t.logprobs = t.latents = None
                 del logprobs, latents, objective
             detached = delta.detach()
-            row_mean.append(losses.rollout_token_mean(detached, mask))
-            row_first.append(detached[:, 0])
-            if not rescored:
-                flat_delta.append(detached[mask.bool()])
-                flat_advantage.append(losses.outcome_advantage(batch.rewards)[:, None].expand_as(mask)[mask.bool()])
+            flat = (None if rescored else
+                    (detached[mask.bool()].cpu(),
+                     losses.outcome_advantage(batch.rewards)[:, None].expand_as(mask)[mask.bool()].cpu()))
+            per_batch[index] = (losses.rollout_token_mean(detached, mask).cpu(), detached[:, 0].cpu(), flat)
+        if distributed.active():
+            totals = {k: distributed.all_sum(v) for k, v in totals.items()}
+        per_batch = distributed.gather_by_index(per_batch)
+        ordered = [per_batch[i] for i in sorted(per_batch)]
+        device = rewards.device
+        row_mean, row_first = [m.to(device) for m, _, _ in ordered], [f.to(device) for _, f, _ in ordered]
+        flat_delta = [flat[0].to(device) for _, _, flat in ordered if flat is not None]
+        flat_advantage = [flat[1].to(device) for _, _, flat in ordered if flat is not None]
         delta_hat = float(losses.token_weighted_margin(torch.cat(flat_delta), torch.cat(flat_advantage),
                                                        torch.ones(sum(len(d) for d in flat_delta), device=rewards.device)))
         out = {"distill/privilege_delta": delta_hat, "distill/margin_delta": totals["margin"],
@@ -423,6 +455,7 @@ class LOPD:
                                    success_reward=lopd.success_reward, failure_reward=lopd.failure_reward)}
         if not self.composer_trainable:
             return out
+        distributed.all_reduce_grads(composer_parameters(self.policies, self.composer))
         grad_norm = clip_and_step(composer_parameters(self.policies, self.composer), self.composer_optimizer,
                                   max_norm=self.cfg.grad_clip)
         return {**out, "distill/composer_kl": totals["kl"], "distill/anchor": totals["anchor"],
