@@ -77,7 +77,12 @@ def distill(
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Resume from the run's latest checkpoint.")] = True,
     as_json: JsonFlag = False,
 ):
-    """Run N training steps (LOPD or a baseline); --cold-start trains the composer first."""
+    """Run N training steps (LOPD or a baseline); --cold-start trains the composer first.
+
+    Under torchrun (`torchrun --nproc_per_node N --no-python lopd distill ...`) LOPD runs data-parallel over N
+    processes: each plays its share of every step's tasks and computes its share of the step; process 0 alone
+    cold-starts, logs (metrics.jsonl, MLflow), checkpoints and prints."""
+    from lopd_core import distributed
     from lopd_core.cycle import MlflowMetricLogger
     from lopd_core.envs import get_suite
     from lopd_core.metrics import JsonlLogger, MultiLogger
@@ -86,6 +91,8 @@ def distill(
     from lopd_core.training import build_policies, needs_composer, train
 
     cfg = _config(profile, set_, suite=suite, steps=steps, method=method)
+    distributed.init_from_env()
+    lead = distributed.world()[0] == 0
     ws = workspace(cfg)
     run = run or f"{cfg.distill.method}-{cfg.name}"
     run_dir = ws.checkpoints_dir / run
@@ -105,14 +112,16 @@ def distill(
         err.print(f"--cold-start ignored: method '{cfg.distill.method}' (context '{cfg.distill.lopd.context}') "
                   "has no composer", highlight=False)
     if cold_start and needs_composer(cfg):
-        try:
-            cold = cold_start_composer(cfg, bank, suite_name=cfg.rollout.suite, policies=policies,
-                                       out_dir=run_dir / "cold_start" / "composer",
-                                       logger=JsonlLogger(run_dir / "cold_start" / "metrics.jsonl"))
-        except ValueError as e:
-            fail(f"cold start: {e}")
-        composer_init = cold.composer_dir
-    tracked = _mlflow_run(cfg, ws, run)
+        if lead:
+            try:
+                cold = cold_start_composer(cfg, bank, suite_name=cfg.rollout.suite, policies=policies,
+                                           out_dir=run_dir / "cold_start" / "composer",
+                                           logger=JsonlLogger(run_dir / "cold_start" / "metrics.jsonl"))
+            except ValueError as e:
+                fail(f"cold start: {e}")
+        distributed.barrier()  # the other processes load what process 0 wrote
+        composer_init = cold.composer_dir if cold else run_dir / "cold_start" / "composer"
+    tracked = _mlflow_run(cfg, ws, run) if lead else None
     logger = MultiLogger(JsonlLogger(run_dir / "metrics.jsonl"),
                          MlflowMetricLogger(*tracked) if tracked is not None else None)
     try:
@@ -127,6 +136,9 @@ def distill(
         raise
     if tracked is not None:
         tracked[0].end_run(tracked[1])
+    distributed.barrier()
+    if not lead:
+        return
     summary = {"run": run, "method": cfg.distill.method, "profile": cfg.name, "suite": cfg.rollout.suite,
                "retriever": bank.source, "experience_bank_version": bank.version,
                "experience_bank_successes": len(bank.successes),

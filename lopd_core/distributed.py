@@ -51,6 +51,14 @@ def init_from_env(backend: str = "") -> bool:
     return True
 
 
+def barrier() -> None:
+    """Wait for every process (a no-op in one)."""
+    if active():
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
 def mine(n: int) -> list[int]:
     """The indices of ``n`` micro-batches this rank computes (round robin)."""
     rank, size = world()

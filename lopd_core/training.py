@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lopd_core import distributed
 from lopd_core.algorithms import make_algorithm
 from lopd_core.algorithms.base import StepInputs
 from lopd_core.algorithms.cold_start import (
@@ -142,6 +143,12 @@ class ColdStartResult:
 
 # --------------------------------------------------------------------------------------------------
 # Models and artifacts
+def _share(tasks: list, rank: int, world_size: int) -> list:
+    """This process's contiguous share of a step's tasks (one process: all of them)."""
+    per = -(-len(tasks) // world_size)
+    return tasks[rank * per:(rank + 1) * per]
+
+
 def build_policies(cfg: Config, *, models_dir: Path | None = None) -> PolicySet:
     """The run's models: the configured base (teacher, encoder backbone) + the student, untrained."""
 
@@ -326,6 +333,13 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     _seed_everything(d.seed)
+    # several processes (torchrun): each plays its share of the step's tasks, all hold the gathered batch,
+    # the LOPD step splits its forwards and sums gradients (lopd_core.distributed); rank 0 alone logs and writes
+    rank, world_size = distributed.world()
+    if world_size > 1 and d.method != "lopd":
+        raise ValueError(f"distill.method '{d.method}' runs in one process only; of the methods, lopd runs on "
+                         f"several (this is process {rank} of {world_size})")
+    lead = rank == 0
 
     # --- resume or start: weights come from the checkpoint, else from the init directories -----------
     info = None
@@ -373,7 +387,7 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
             return oracle_experience(tok, suite, task, max_chars=cfg.rollout.observation_max_chars)
     checkpoint, last_metrics = (info.path if info else None), {}
 
-    bar = tqdm(range(start_step, d.steps), desc=f"{d.method} steps", unit="step", disable=not progress)
+    bar = tqdm(range(start_step, d.steps), desc=f"{d.method} steps", unit="step", disable=not progress or not lead)
     for step in bar:
         # --- rollouts: B/G tasks × G episodes on the current student -----------------------------------
         step_tasks = [pool[(cursor + k) % len(pool)] for k in range(tasks_per_step)]
@@ -381,8 +395,12 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
         episode_tasks = [t for t in step_tasks for _ in range(g)]
         started = time.perf_counter()
         version = f"{run_dir.name}/step{step - 1}" if step else "init"
-        trajectories = play(cfg.rollout, engine, tok, rollout_suite, episode_tasks, seed=d.seed * 1_000_003 + step,
-                            policy_version=version, step=step, cycle_id=run_dir.name) if plays else []
+        share = _share(step_tasks, rank, world_size)  # contiguous, so the gathered batch keeps the task order
+        trajectories = play(cfg.rollout, engine, tok, rollout_suite, [t for t in share for _ in range(g)],
+                            seed=d.seed * 1_000_003 + step + 7_919 * rank, policy_version=version, step=step,
+                            cycle_id=run_dir.name) if plays else []
+        if world_size > 1:
+            trajectories = [t for part in distributed.gather_objects(trajectories) for t in part]
         top_ups = []
 
         def play_more(groups: int, step=step, version=version, top_ups=top_ups) -> tuple[list, list[Trajectory]]:
@@ -424,13 +442,14 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
                         "budget/skill_generations": budget["skill_generations"],
                         "budget/total_units": budget["episodes"] + budget["skill_generations"]
                         + budget["pretraining_episodes"]})
-        logger.log(metrics, step=step)
         last_metrics = metrics
+        if lead:
+            logger.log(metrics, step=step)
         # the step's trajectories are handed over BEFORE its checkpoint: a crash in between re-runs the step
         # (same seeds, same ids), a crash after it never loses them
-        if on_step is not None:
+        if on_step is not None and lead:
             on_step(step, metrics, trajectories)
-        if (step + 1) % d.checkpoint_every == 0 or step + 1 == d.steps:
+        if lead and ((step + 1) % d.checkpoint_every == 0 or step + 1 == d.steps):
             checkpoint = save_checkpoint(run_dir, step=step, policies=policies, algorithm=algorithm, cfg=cfg,
                                          cursor=cursor, composer=composer if needs_composer(cfg) else None,
                                          table_version=table_version, budget=budget, keep=d.keep_checkpoints)
@@ -442,9 +461,11 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
     bar.close()
 
     # --- final artifacts (plain directories for the registry) --------------------------------------------
-    student_dir = save_student(policies, run_dir / "final" / "student")
+    student_dir = run_dir / "final" / "student"
+    if lead:
+        student_dir = save_student(policies, student_dir)
     composer_dir = None
-    if composer is not None:
+    if composer is not None and lead:
         composer.info.setdefault("joint_steps", 0)
         composer.info["joint_steps"] = int(composer.info["joint_steps"]) + (d.steps - start_step)
         composer_dir = run_dir / "final" / "composer"

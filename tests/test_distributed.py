@@ -43,3 +43,27 @@ def test_two_processes_give_the_one_process_lopd_step(models_dir, tmp_path, tiny
             torch.testing.assert_close(p2, p1, rtol=1e-3, atol=1e-5)
             moved += int(p1.abs().sum() > 0)
         assert moved, name
+
+
+def test_lopd_distill_runs_data_parallel_under_torchrun(tmp_path, models_dir, tiny_model_path):
+    """`torchrun --nproc_per_node 2 --no-python lopd distill`: process 0 cold-starts, the two processes share
+    each step's rollouts, process 0 alone writes the log, checkpoints and the summary."""
+    lopd = Path(sys.executable).with_name("lopd")
+    env = {**os.environ, "LOPD_HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--no-python",
+           str(lopd), "distill", "--profile", "smoke", "--method", "lopd", "--steps", "2", "--cold-start", "--json",
+           "--set", f"workspace.models_dir={models_dir}", "--set", "distill.micro_batch=1"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summaries = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1  # one process speaks
+    import json
+
+    summary = json.loads(summaries[0])
+    assert summary["method"] == "lopd" and summary["last_step"] == 1
+    rows = [json.loads(line) for line in open(summary["metrics_path"])]
+    assert [r["step"] for r in rows] == [0, 1]  # logged once per step
+    # the step's batch is both processes' rollouts: the smoke profile's tasks_per_step, in micro-batches of 1
+    assert all(r["distill/rollouts"] == 2 and r["distill/micro_batches"] >= 1 for r in rows)
+    assert (tmp_path / "checkpoints" / "lopd-smoke" / "step_000001" / "manifest.json").exists()
+    assert (tmp_path / "checkpoints" / "lopd-smoke" / "final" / "student").is_dir()
