@@ -97,6 +97,8 @@ class WorkspaceConfig(_Section):
     """PREFECT_HOME for ephemeral flow runs; empty = <home>/prefect."""
     checkpoints_dir: str = ""
     """Training checkpoints root; empty = <home>/checkpoints."""
+    s3_endpoint_url: str = ""
+    """Endpoint of an S3-compatible store (MinIO, moto) for s3:// locations, e.g. http://127.0.0.1:9000; empty = AWS. Credentials and region come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION."""
 
 
 class ModelConfig(_Section):

@@ -42,6 +42,7 @@ import contextlib
 import fcntl
 import json
 import math
+import os
 import shutil
 import tempfile
 import threading
@@ -250,6 +251,8 @@ class ModelRegistry:
         if "://" not in artifacts:
             artifacts = Path(artifacts).resolve().as_uri()
         lock = None if ws.mlflow_tracking_uri.startswith("sqlite:///") else ws.home / "registry.lock"
+        if ws.s3_endpoint_url and artifacts.startswith("s3://"):  # MLflow's S3 artifact store reads it from here
+            os.environ.setdefault("MLFLOW_S3_ENDPOINT_URL", ws.s3_endpoint_url)
         return cls(ws.mlflow_tracking_uri, artifacts, cfg, lock_path=lock)
 
     # ---------------------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ class Workspace:
     prefect_home: Path
     checkpoints_dir: Path
     runs_dir: Path
+    s3_endpoint_url: str = ""
 
     @classmethod
     def from_config(cls, cfg: WorkspaceConfig | None) -> Workspace:
@@ -86,6 +87,7 @@ class Workspace:
             prefect_home=Path(under(field("prefect_home"), "prefect")).expanduser().resolve(),
             checkpoints_dir=Path(under(field("checkpoints_dir"), "checkpoints")).expanduser().resolve(),
             runs_dir=home / "runs",
+            s3_endpoint_url=field("s3_endpoint_url"),
         )
 
     @classmethod
@@ -101,6 +103,23 @@ class Workspace:
             if local is not None:
                 local.mkdir(parents=True, exist_ok=True)
         return self
+
+    def storage_options(self) -> dict[str, str]:
+        """LanceDB's options for an s3:// ``lance_uri``: the endpoint of an S3-compatible store (plain http
+        allowed when the endpoint says so) and the AWS_* credentials and region of the environment."""
+        import os
+
+        if not self.lance_uri.startswith("s3://"):
+            return {}
+        env = {"aws_access_key_id": "AWS_ACCESS_KEY_ID", "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
+               "aws_session_token": "AWS_SESSION_TOKEN"}
+        out = {key: os.environ[name] for key, name in env.items() if os.environ.get(name)}
+        out["region"] = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        if self.s3_endpoint_url:
+            out["endpoint"] = self.s3_endpoint_url
+            if self.s3_endpoint_url.startswith("http://"):
+                out["allow_http"] = "true"
+        return out
 
     def prefect_env(self) -> dict[str, str]:
         """Environment for Prefect's ephemeral (server-less) mode rooted in this workspace."""

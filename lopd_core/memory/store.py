@@ -119,8 +119,9 @@ class ExperienceStore:
 
     def __init__(self, uri: str, *, embedder: str = "hash", embed_field: str = "task",
                  vector_index_min_rows: int = 5000, embed_batch_size: int = 64,
-                 dedupe_threshold: float = 0.97, device: str = "cpu"):
+                 dedupe_threshold: float = 0.97, device: str = "cpu", storage_options: dict[str, str] | None = None):
         self.uri = str(uri)
+        self.storage_options = dict(storage_options or {})
         self.embedder_name = embedder
         self.embed_field = embed_field
         self.vector_index_min_rows = vector_index_min_rows
@@ -136,7 +137,8 @@ class ExperienceStore:
         return cls(ws.lance_uri, embedder=cfg.index.embedder, embed_field=cfg.index.embed_field,
                    vector_index_min_rows=cfg.index.vector_index_min_rows,
                    embed_batch_size=cfg.index.embed_batch_size, dedupe_threshold=cfg.curation.dedupe_threshold,
-                   device="cpu" if cfg.model.device == "auto" else cfg.model.device)
+                   device="cpu" if cfg.model.device == "auto" else cfg.model.device,
+                   storage_options=ws.storage_options())
 
     # ---------------------------------------------------------------------------------------------
     @property
@@ -146,7 +148,7 @@ class ExperienceStore:
                 import lancedb
             except ImportError as e:
                 raise ImportError("the experience store needs lancedb: pip install -r requirements/cpu.txt") from e
-            self._db = lancedb.connect(self.uri)
+            self._db = lancedb.connect(self.uri, storage_options=self.storage_options or None)
         return self._db
 
     @property

@@ -1,0 +1,97 @@
+"""Shared state on S3-compatible storage, for real: moto's S3 server (a local process) holds the LanceDB
+tables and the MLflow artifacts of a workspace whose locations are s3:// URIs (workspace.lance_uri,
+workspace.mlflow_artifacts_uri, workspace.s3_endpoint_url). Two stores opened independently see one table:
+rows written by one are read by the other, versions pin, pinned versions survive cleanup."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from test_memory_support import make_trajectory
+
+from lopd_core.config import load_config
+from lopd_core.memory.store import ExperienceStore
+from lopd_core.workspace import Workspace
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory):
+    boto3 = pytest.importorskip("boto3")
+    server = shutil.which("moto_server", path=str(Path(sys.executable).parent))
+    if server is None:
+        pytest.skip("moto's server is not installed (requirements/cpu.txt pins it)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path_factory.mktemp("moto") / "moto.log").open("w")
+    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    client = boto3.client("s3", endpoint_url=url, aws_access_key_id="test", aws_secret_access_key="test",
+                          region_name="us-east-1")
+    for _ in range(100):
+        try:
+            client.create_bucket(Bucket="lopd")
+            break
+        except Exception:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("moto's S3 server did not start")
+    yield url, client
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_workspace(s3_endpoint, tmp_path, monkeypatch):
+    url, client = s3_endpoint
+    for key, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("MLFLOW_S3_ENDPOINT_URL", raising=False)
+    prefix = tmp_path.name  # one prefix per test in the shared bucket
+    cfg = load_config("smoke", {"workspace.home": str(tmp_path / "ws"), "workspace.s3_endpoint_url": url,
+                                "workspace.lance_uri": f"s3://lopd/{prefix}/lance",
+                                "workspace.mlflow_artifacts_uri": f"s3://lopd/{prefix}/mlartifacts"})
+    return cfg, client, prefix
+
+
+def test_two_stores_share_one_lancedb_table_on_s3(s3_workspace):
+    cfg, client, prefix = s3_workspace
+    writer, reader = ExperienceStore.from_config(cfg), ExperienceStore.from_config(cfg)
+    assert writer.storage_options["endpoint"].startswith("http://127.0.0.1:") and writer.storage_options["allow_http"]
+    first = writer.write_trajectories([make_trajectory(i) for i in range(3)], cycle_id="c1")
+    writer.write_trajectories([make_trajectory(i) for i in range(3, 5)], cycle_id="c2")
+    assert reader.count("trajectories") == 5
+    assert reader.count("trajectories", version=first.version) == 3  # a pinned version reads the same remotely
+    again = writer.write_trajectories([make_trajectory(i) for i in range(5)], cycle_id="c2")
+    assert not again.changed and reader.count("trajectories") == 5  # idempotent upserts over S3
+    kept = reader.keep_versions("trajectories", keep=timedelta(days=30), pinned=[first.version])
+    assert kept["pinned"] == [first.version] and kept["removed"] == 0
+    assert writer.db.open_table("trajectories").tags.list()[f"pinned-v{first.version}"]["version"] == first.version
+    keys = client.list_objects_v2(Bucket="lopd", Prefix=f"{prefix}/lance/trajectories")["KeyCount"]
+    assert keys > 0  # the table lives in the bucket, not on this disk
+    assert not (Path(cfg.workspace.home) / "lance").exists()
+
+
+def test_mlflow_artifacts_go_to_the_bucket(s3_workspace):
+    from lopd_core.registry import ModelRegistry
+
+    cfg, client, prefix = s3_workspace
+    ws = Workspace.from_config(cfg.workspace).ensure()
+    registry = ModelRegistry.from_workspace(ws, cfg.registry)
+    run_id = registry.training_run("lopd-distill", "s3-check", params={"method": "lopd"})
+    registry.log_artifact_text(run_id, "hello from the worker", "note.txt")
+    registry.end_run(run_id)
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="lopd", Prefix=f"{prefix}/mlartifacts")["Contents"]]
+    assert any(k.endswith("note.txt") for k in keys)
+    import mlflow
+
+    text = mlflow.artifacts.load_text(f"runs:/{run_id}/note.txt")
+    assert text == "hello from the worker"
