@@ -25,8 +25,15 @@ def _prefect(profile: str, overrides: list[str] | None, *, temporary_server: boo
 
 
 def _ui_hints(ws) -> list[str]:
-    return [f"MLflow UI:  mlflow ui --backend-store-uri {ws.mlflow_tracking_uri}",
-            f"Prefect UI: PREFECT_HOME={ws.prefect_home} prefect server start   (then open http://127.0.0.1:4200)"]
+    import os
+
+    from flows.common import real_server
+
+    mlflow = (f"MLflow UI:  {ws.mlflow_tracking_uri}" if ws.mlflow_tracking_uri.startswith("http")
+              else f"MLflow UI:  mlflow ui --backend-store-uri {ws.mlflow_tracking_uri}")
+    prefect = (f"Prefect UI: {os.environ['PREFECT_API_URL'].removesuffix('/api')}" if real_server()
+               else f"Prefect UI: PREFECT_HOME={ws.prefect_home} prefect server start   (then open http://127.0.0.1:4200)")
+    return [mlflow, prefect]
 
 
 def _print_cycle_summary(summary: dict) -> None:

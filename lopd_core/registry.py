@@ -55,7 +55,7 @@ from typing import Any
 
 from lopd_core import liveness
 from lopd_core.config import RegistryConfig
-from lopd_core.workspace import Workspace
+from lopd_core.workspace import Workspace, has_scheme
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -248,7 +248,7 @@ class ModelRegistry:
     @classmethod
     def from_workspace(cls, ws: Workspace, cfg: RegistryConfig) -> ModelRegistry:
         artifacts = ws.mlflow_artifacts_uri
-        if "://" not in artifacts:
+        if not has_scheme(artifacts):
             artifacts = Path(artifacts).resolve().as_uri()
         lock = None if ws.mlflow_tracking_uri.startswith("sqlite:///") else ws.home / "registry.lock"
         if ws.s3_endpoint_url and artifacts.startswith("s3://"):  # MLflow's S3 artifact store reads it from here

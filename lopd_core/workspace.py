@@ -41,12 +41,20 @@ def portable(text: str, home: Path | str) -> str:
 
 
 def _local_path(uri: str) -> Path | None:
-    """The filesystem path of a ``file://`` URI or a plain path; None for remote URIs (s3://, http://…)."""
+    """The filesystem path of a ``file://`` URI or a plain path; None for remote URIs (s3://, http://,
+    mlflow-artifacts:/…)."""
     if uri.startswith("file://"):
         return Path(uri[len("file://") :])
-    if "://" in uri:
+    if has_scheme(uri):
         return None
     return Path(uri)
+
+
+def has_scheme(uri: str) -> bool:
+    """Whether ``uri`` starts with a URI scheme (``s3://``, ``mlflow-artifacts:/``), not a plain path."""
+    import re
+
+    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", uri) is not None
 
 
 @dataclass(frozen=True)
