@@ -45,6 +45,7 @@ def test_two_processes_give_the_one_process_lopd_step(models_dir, tmp_path, tiny
         assert moved, name
 
 
+@pytest.mark.slow  # ~30 s: the fast suite keeps the step-equivalence test
 def test_lopd_distill_runs_data_parallel_under_torchrun(tmp_path, models_dir, tiny_model_path):
     """`torchrun --nproc_per_node 2 --no-python lopd distill`: process 0 cold-starts, the two processes share
     each step's rollouts, process 0 alone writes the log, checkpoints and the summary."""
