@@ -46,6 +46,14 @@ def _build_engine(cfg, model_path: Path, tokenizer):
     if name == "hf":
         model = load_causal_lm(model_path, dtype=m.dtype, device=m.device)
         return make_engine("hf", model, tokenizer, batch_size=cfg.rollout.batch_size)
+    if name == "vllm-server":
+        from lopd_core.rollout.engines.server import ServerEngine, ServerError
+
+        try:
+            return ServerEngine(cfg.rollout.server_url, adapter_dir=cfg.rollout.server_adapter_dir,
+                                batch_size=cfg.rollout.batch_size)
+        except ServerError as e:
+            fail(str(e))
     try:
         return make_engine("vllm", None, tokenizer, batch_size=cfg.rollout.batch_size, dtype=m.dtype, device=m.device,
                            model_path=model_path, max_model_len=cfg.rollout.max_trajectory_tokens + 16)

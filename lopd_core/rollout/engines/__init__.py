@@ -20,9 +20,10 @@ from lopd_core.models.loading import load_causal_lm, load_tokenizer
 from lopd_core.models.policy import PolicySet
 from lopd_core.rollout.engines.base import Engine, Generation, SamplingParams
 from lopd_core.rollout.engines.hf import HFEngine
+from lopd_core.rollout.engines.server import ServerEngine
 from lopd_core.rollout.engines.vllm import VLLMEngine, _is_peft
 
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "vllm", "vllm-server")
 
 __all__ = ["ENGINES", "Engine", "Generation", "SamplingParams", "engine_sync", "make_engine", "policy_engine",
            "training_vllm_engine"]
@@ -104,7 +105,15 @@ def engine_sync(cfg: Config) -> str:
 
 def training_vllm_engine(cfg: Config, policies: PolicySet) -> Engine:
     """The process's one vLLM engine for this configuration (created on first use, then reused by bank
-    seeding, evaluation and training): the base weights in ``engine_dtype``, synced the ``engine_sync`` way."""
+    seeding, evaluation and training): the base weights in ``engine_dtype``, synced the ``engine_sync`` way;
+    with ``rollout.engine: vllm-server`` the client of that server (adapter sync)."""
+    if cfg.rollout.engine == "vllm-server":
+        key = ("server", cfg.rollout.server_url, cfg.rollout.server_adapter_dir)
+        if key not in _SHARED:
+            _SHARED[key] = ServerEngine(cfg.rollout.server_url, adapter_dir=cfg.rollout.server_adapter_dir,
+                                        batch_size=cfg.rollout.batch_size)
+        _SHARED[key].batch_size = cfg.rollout.batch_size
+        return _SHARED[key]
     return shared_vllm_engine(policies.base_path, dtype=engine_dtype(cfg), device=cfg.model.device,
                               max_model_len=cfg.rollout.max_trajectory_tokens + 16,
                               batch_size=cfg.rollout.batch_size, policy_sync=engine_sync(cfg))
@@ -124,6 +133,9 @@ def policy_engine(cfg: Config, policies: PolicySet, *, weights: str = "student",
         engine = training_vllm_engine(cfg, policies)
         if weights == "base" and getattr(engine, "holds_base", False):
             engine.policy_version = version or weights  # loaded from the base folder and never re-synced since
+        elif weights == "base" and isinstance(engine, ServerEngine):
+            engine.use_base()  # the server holds the base weights: requests name the base model
+            engine.policy_version = version or weights
         else:
             engine.update_policy(model, version or weights)
             engine.holds_base = weights == "base"
