@@ -17,7 +17,8 @@
 
 It writes ``DIR/services.env`` (``source`` it: PREFECT_API_URL, AWS_*, the S3 endpoint) and
 ``DIR/cluster.yaml``, a profile (``--profile DIR/cluster.yaml``) whose workspace lives in the services:
-LanceDB on ``s3://lopd/lance``, MLflow tracking on the server. ``down`` stops everything it started.
+LanceDB on ``s3://lopd/lance``, cycle records and checkpoints on ``s3://lopd/state``, MLflow tracking on the
+server. ``down`` stops everything it started.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def up(args) -> dict:
         f"# written by infra/services.py: the demo profile with its workspace in the shared services\n"
         f"extends: {args.extends}\n"
         f"workspace:\n  lance_uri: s3://{BUCKET}/lance\n  mlflow_tracking_uri: {state['mlflow']}\n"
-        f"  mlflow_artifacts_uri: mlflow-artifacts:/\n  s3_endpoint_url: {s3}\n")
+        f"  mlflow_artifacts_uri: mlflow-artifacts:/\n  s3_endpoint_url: {s3}\n  state_uri: s3://{BUCKET}/state\n")
     state["profile"] = str(profile)
     if args.worker:
         worker_env = {**env, **exports, "LOPD_HOME": str(args.lopd_home or folder / "lopd")}

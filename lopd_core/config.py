@@ -97,6 +97,8 @@ class WorkspaceConfig(_Section):
     """PREFECT_HOME for ephemeral flow runs; empty = <home>/prefect."""
     checkpoints_dir: str = ""
     """Training checkpoints root; empty = <home>/checkpoints."""
+    state_uri: str = ""
+    """Shared storage (s3://bucket/prefix) for cycle records, reports and checkpoints, mirrored to each worker's disk, so a cycle retried on another worker resumes; empty = local folders only."""
     s3_endpoint_url: str = ""
     """Endpoint of an S3-compatible store (MinIO, moto) for s3:// locations, e.g. http://127.0.0.1:9000; empty = AWS. Credentials and region come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION."""
 

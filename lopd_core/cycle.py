@@ -63,6 +63,7 @@ from lopd_core.registry import (
     run_gate,
     run_params,
 )
+from lopd_core.state_mirror import mirror_of, relocate
 from lopd_core.training import build_policies, load_student_init, needs_composer, train
 from lopd_core.workspace import Workspace
 
@@ -143,6 +144,10 @@ class CycleContext:
         self.ws = Workspace.from_config(cfg.workspace).ensure()
         self.dir = self.ws.runs_dir / cycle_id
         self.record_path = self.dir / "cycle.json"
+        self.mirror = mirror_of(self.ws)
+        if self.mirror is not None:  # what another worker did on this cycle: its record and checkpoints
+            self.mirror.pull(f"runs/{cycle_id}")
+            self.mirror.pull(f"checkpoints/cycle-{cycle_id}")
         self.record = CycleRecord.load(self.record_path, cycle_id)
         self._record_lock = threading.Lock()
 
@@ -170,6 +175,12 @@ class CycleContext:
     def _save(self) -> None:
         with self._record_lock:
             self.record.save(self.record_path)
+
+    def push(self) -> None:
+        """The cycle's folders to the shared state (``workspace.state_uri``), when there is one."""
+        if self.mirror is not None:
+            self.mirror.push(f"runs/{self.cycle_id}")
+            self.mirror.push(f"checkpoints/cycle-{self.cycle_id}")
 
     def _beat(self) -> None:
         with self._record_lock:
@@ -222,6 +233,7 @@ class CycleContext:
                 self.record.state, self.record.error = CycleState.FAILED, f"{name}: {type(e).__name__}: {e}"
                 self.record.save(self.record_path)
             self._fail_mlflow_run()
+            self.push()
             raise
         liveness.HEARTBEAT.stop(beat)
         with self._record_lock:
@@ -233,6 +245,7 @@ class CycleContext:
             if name == STAGES[-1]:
                 self.record.state, self.record.finished_at = CycleState.COMPLETED, time.time()
             self.record.save(self.record_path)
+        self.push()
         return result
 
 
@@ -341,7 +354,7 @@ def stage_distill(ctx: CycleContext) -> dict[str, Any]:
     result = train(ctx.cfg, suite=ctx.suite, bank=bank, run_dir=ctx.ws.checkpoints_dir / f"cycle-{ctx.cycle_id}",
                    student_init=student_init, composer_init=composer_init,
                    logger=MlflowMetricLogger(ctx.registry, ctx.mlflow_run_id), on_step=store_step,
-                   models_dir=ctx.ws.models_dir)
+                   models_dir=ctx.ws.models_dir, on_checkpoint=lambda path: ctx.push())
     composer_dir = result.composer_dir or composer_init
     history = [{k: v for k, v in m.items() if k.startswith(("distill/", "rollout/success", "budget/episodes"))}
                for m in result.history]
@@ -376,7 +389,7 @@ def stage_evaluate(ctx: CycleContext) -> dict[str, Any]:
     distill = ctx.record.stages["distill"]
     champion = ctx.champion()
     policies = _policies(ctx, None)
-    load_student_init(policies, Path(distill["student_dir"]))
+    load_student_init(policies, relocate(distill["student_dir"], ctx.ws))
     challenger = _evaluate_student(ctx, policies, "challenger", f"{ctx.cycle_id}/challenger", use_base_weights=False)
     if champion.is_base:
         champion_metrics = _evaluate_student(ctx, policies, "champion", f"student-v{champion.student}",
@@ -419,10 +432,10 @@ def stage_promote(ctx: CycleContext) -> dict[str, Any]:
 
     distill, evaluation = ctx.record.stages["distill"], ctx.record.stages["evaluate"]
     ctx.champion()  # a fresh registry (its record lost) bootstraps before anything compares with it
-    composer_dir = Path(distill["composer_dir"]) if distill["composer_dir"] else \
+    composer_dir = relocate(distill["composer_dir"], ctx.ws) if distill["composer_dir"] else \
         ctx.registry.download("composer", evaluation["champion_composer"])
     pair = ctx.registry.register_pair(
-        Path(distill["student_dir"]), composer_dir, run_id=ctx.mlflow_run_id, cycle_id=ctx.cycle_id,
+        relocate(distill["student_dir"], ctx.ws), composer_dir, run_id=ctx.mlflow_run_id, cycle_id=ctx.cycle_id,
         tags={"experience_table_version": distill["experiences_version"], "data_contract_version": SCHEMA_VERSION,
               "config_hash": ctx.cfg.hash(), "eval_run_id": ctx.mlflow_run_id, "flow_run_id": ctx.flow_run_id,
               "base_model": ctx.cfg.model.base, "method": ctx.cfg.distill.method,

@@ -133,7 +133,12 @@ def reap(cfg: Config) -> dict[str, Any]:
 
 
 def list_cycles(cfg: Config) -> list[str]:
+    """Every cycle with a record (with ``workspace.state_uri``: every worker's, pulled first)."""
+    from lopd_core.state_mirror import mirror_of
+
     ws = Workspace.from_config(cfg.workspace).ensure()
+    if (mirror := mirror_of(ws)) is not None:
+        mirror.pull_records()
     return sorted(p.parent.name for p in ws.runs_dir.glob("*/cycle.json"))
 
 

@@ -64,6 +64,10 @@ def _registry(cfg: Config, ws: Workspace) -> dict[str, Any]:
 
 def _cycles(cfg: Config, ws: Workspace) -> list[dict[str, Any]]:
     rows = []
+    from lopd_core.state_mirror import mirror_of
+
+    if (mirror := mirror_of(ws)) is not None:  # every worker's cycles
+        mirror.pull_records()
     for path in sorted(ws.runs_dir.glob("*/cycle.json")):
         rec = json.loads(path.read_text())
         row = {"cycle_id": rec["cycle_id"], "state": rec["state"], "stages": list(rec["stages"]),

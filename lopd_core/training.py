@@ -321,13 +321,16 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
           composer_init: Path | None = None, logger: MetricLogger | None = None, resume: bool = True,
           progress: bool = True, on_step: Callable[[int, dict[str, float], list[Trajectory]], None] | None = None,
           policies: PolicySet | None = None, engine=None, tasks: list | None = None,
-          pretraining_episodes: int | None = None, models_dir: Path | None = None) -> TrainResult:
+          pretraining_episodes: int | None = None, models_dir: Path | None = None,
+          on_checkpoint: Callable[[Path], None] | None = None) -> TrainResult:
     """Run ``cfg.distill.steps`` steps of ``cfg.distill.method`` (resuming from ``run_dir``'s latest checkpoint).
 
     ``bank`` is what retrieval reads (None: no retrieval, for the methods without privileged context); its
     pinned table version is recorded in every checkpoint and a resume with another version is refused.
     ``pretraining_episodes`` defaults to the bank's seed episodes. ``on_step(step, metrics, trajectories)``
-    is called after every step (the cycle stores the trajectories, the comparison evaluates).
+    is called after every step (the cycle stores the trajectories, the comparison evaluates);
+    ``on_checkpoint(path)`` after every checkpoint and after the final folders are written (the cycle pushes
+    them to shared storage).
     """
     d = cfg.distill
     run_dir = Path(run_dir)
@@ -453,6 +456,8 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
             checkpoint = save_checkpoint(run_dir, step=step, policies=policies, algorithm=algorithm, cfg=cfg,
                                          cursor=cursor, composer=composer if needs_composer(cfg) else None,
                                          table_version=table_version, budget=budget, keep=d.keep_checkpoints)
+            if on_checkpoint is not None:
+                on_checkpoint(checkpoint)
         engine.update_policy(policies.student_module(), f"{run_dir.name}/step{step}")
         shown = {k.split("/")[-1]: f"{metrics[k]:.3g}" for k in STEP_LINE_METRICS if k in metrics}
         bar.set_postfix(shown)
@@ -470,6 +475,8 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
         composer.info["joint_steps"] = int(composer.info["joint_steps"]) + (d.steps - start_step)
         composer_dir = run_dir / "final" / "composer"
         save_composer(policies, composer, composer_dir)
+    if lead and on_checkpoint is not None:
+        on_checkpoint(run_dir / "final")
     return TrainResult(run_dir=run_dir, student_dir=student_dir, composer_dir=composer_dir, first_step=start_step,
                        last_step=d.steps - 1, metrics=last_metrics, history=[m for _, m in history.records],
                        budget=budget, table_version=table_version, checkpoint=checkpoint, resumed=info is not None)

@@ -70,6 +70,7 @@ class Workspace:
     checkpoints_dir: Path
     runs_dir: Path
     s3_endpoint_url: str = ""
+    state_uri: str = ""
 
     @classmethod
     def from_config(cls, cfg: WorkspaceConfig | None) -> Workspace:
@@ -96,6 +97,7 @@ class Workspace:
             checkpoints_dir=Path(under(field("checkpoints_dir"), "checkpoints")).expanduser().resolve(),
             runs_dir=home / "runs",
             s3_endpoint_url=field("s3_endpoint_url"),
+            state_uri=field("state_uri"),
         )
 
     @classmethod
@@ -112,12 +114,13 @@ class Workspace:
                 local.mkdir(parents=True, exist_ok=True)
         return self
 
-    def storage_options(self) -> dict[str, str]:
-        """LanceDB's options for an s3:// ``lance_uri``: the endpoint of an S3-compatible store (plain http
-        allowed when the endpoint says so) and the AWS_* credentials and region of the environment."""
+    def storage_options(self, for_uri: str = "") -> dict[str, str]:
+        """Options for an s3:// location (``lance_uri`` unless ``for_uri``): the endpoint of an S3-compatible
+        store (plain http allowed when the endpoint says so) and the AWS_* credentials and region of the
+        environment."""
         import os
 
-        if not self.lance_uri.startswith("s3://"):
+        if not (for_uri or self.lance_uri).startswith("s3://"):
             return {}
         env = {"aws_access_key_id": "AWS_ACCESS_KEY_ID", "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
                "aws_session_token": "AWS_SESSION_TOKEN"}

@@ -95,3 +95,55 @@ def test_mlflow_artifacts_go_to_the_bucket(s3_workspace):
 
     text = mlflow.artifacts.load_text(f"runs:/{run_id}/note.txt")
     assert text == "hello from the worker"
+
+
+@pytest.mark.slow  # one smoke cycle over two workers (~1 min)
+def test_a_cycle_that_failed_on_one_worker_resumes_on_another(s3_endpoint, tmp_path, models_dir, monkeypatch):
+    """workspace.state_uri: worker A's record and checkpoints are in the bucket; worker B, on an empty disk,
+    pulls them, skips the stages A finished and resumes distillation from A's last checkpoint."""
+    import json
+
+    from lopd_core import cycle
+    from lopd_core.operations import list_cycles
+
+    url, _ = s3_endpoint
+    for key, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    prefix = tmp_path.name
+    shared = {"workspace.s3_endpoint_url": url, "workspace.lance_uri": f"s3://lopd/{prefix}/lance",
+              "workspace.state_uri": f"s3://lopd/{prefix}/state",
+              # one tracking store for both workers (an MLflow server in production: tests/test_services.py)
+              "workspace.mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+              "workspace.mlflow_artifacts_uri": f"s3://lopd/{prefix}/mlartifacts",
+              "workspace.models_dir": str(models_dir), "distill.steps": 3}
+    worker_a = load_config("smoke", {**shared, "workspace.home": str(tmp_path / "a")})
+    worker_b = load_config("smoke", {**shared, "workspace.home": str(tmp_path / "b")})
+    real_rekey = cycle._rekey
+
+    def lose_the_gpu_at_step_1(trajectories, cycle_id, step):
+        if step == 1:
+            raise RuntimeError("injected: worker A lost its GPU")
+        return real_rekey(trajectories, cycle_id, step)
+
+    monkeypatch.setattr(cycle, "_rekey", lose_the_gpu_at_step_1)
+    for stage in ("rollouts", "curate", "index"):
+        cycle.run_stage(worker_a, "c1", stage)
+    with pytest.raises(RuntimeError, match="lost its GPU"):
+        cycle.run_stage(worker_a, "c1", "distill")
+    monkeypatch.setattr(cycle, "_rekey", real_rekey)
+    assert not (tmp_path / "b" / "runs").exists()  # worker B starts with nothing on its disk
+    on_a = json.loads((tmp_path / "a" / "runs" / "c1" / "cycle.json").read_text())
+    assert on_a["state"] == "failed" and list(on_a["stages"]) == ["rollouts", "curate", "index"]
+
+    for stage in cycle.STAGES:
+        cycle.run_stage(worker_b, "c1", stage)
+    record = json.loads((tmp_path / "b" / "runs" / "c1" / "cycle.json").read_text())
+    assert record["state"] == "completed"
+    assert record["stages"]["distill"]["resumed"] is True and record["stages"]["distill"]["steps"] == 3
+    for stage in ("rollouts", "curate", "index"):  # A's stages came with the record and were not run again
+        assert record["timings"][stage] == on_a["timings"][stage] and record["stages"][stage] == on_a["stages"][stage]
+    store = ExperienceStore.from_config(worker_b)
+    ids = store.read("trajectories", where="cycle_id = 'c1'", columns=["trajectory_id"])["trajectory_id"]
+    assert len(ids) == ids.nunique() == 4 + 3 * 2  # seed rollouts + 3 steps × 2 episodes: none lost, none twice
+    assert list_cycles(worker_a) == ["c1"]  # worker A sees the cycle B finished
+    assert json.loads((tmp_path / "a" / "runs" / "c1" / "cycle.json").read_text())["state"] == "completed"
