@@ -302,6 +302,8 @@ def _crash_flow_runs(known: dict[str, str], stale_after: float) -> list[dict[str
                     if run.state_type in active:
                         candidates[run_id] = run
         for run_id, run in candidates.items():
+            if run_id == flow_run_id():  # this run: alive, whatever an earlier attempt of it left behind
+                continue
             labels = {k.removeprefix(OWNER_LABEL): str(v) for k, v in (run.labels or {}).items()
                       if k.startswith(OWNER_LABEL)}
             reason = known.get(run_id) or liveness.dead_reason(labels, stale_after=stale_after)
@@ -320,6 +322,9 @@ def reap_crashed(cfg: Config) -> dict:
 
     found = reap(cfg)
     known = {r["flow_run_id"]: r["reason"] for r in found["mlflow_runs"] + found["cycles"] if r.get("flow_run_id")}
+    # a retried flow run is the same flow run as the killed attempt whose leftovers were just reaped: never
+    # crash the run that is doing the reaping
+    known.pop(flow_run_id(), None)
     try:
         found["flow_runs"] = _crash_flow_runs(known, cfg.registry.stale_after_seconds)
     except Exception as e:  # no Prefect API reachable: the MLflow and record side is done anyway

@@ -41,6 +41,19 @@ def services(tmp_path_factory):
                        capture_output=True, timeout=120)
 
 
+def _processes_of(flow_run_id) -> list[int]:
+    """The processes running a flow run (Prefect puts its id in their environment)."""
+    marker, found = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode(), []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker in (proc / "environ").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
 def _wait(client, run_id, timeout=900):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -90,3 +103,73 @@ def test_two_cycles_run_through_the_deployment_on_the_shared_services(services, 
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="lopd")["Contents"]]
     assert any(k.startswith("lance/trajectories") for k in keys)
     assert any(k.startswith("mlartifacts/") for k in keys)  # the registered models, through the MLflow server
+
+
+def test_a_worker_killed_in_distill_is_replaced_and_the_retried_run_resumes(services, monkeypatch):
+    """kill -9 of the worker (and its flow run) during distillation; a new worker with an empty disk takes the
+    retried run: the cycle's record and last checkpoint come from the bucket, distillation resumes there, the
+    expired training lease is taken over, and no trajectory is lost or written twice."""
+    import signal
+
+    state, folder = services
+    env = dict(line.removeprefix("export ").split("=", 1) for line in (folder / "services.env").read_text().splitlines())
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    import boto3
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import Crashed, Scheduled
+
+    s3 = boto3.client("s3", endpoint_url=state["s3"])
+    checkpoint = "state/checkpoints/cycle-c3/step_000000/manifest.json"
+    flow_run = run_deployment("lopd-cycle/lopd-cycle", timeout=0,
+                              parameters={"cycle_id": "c3", "overrides": ["distill.steps=6"]})
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:  # until the first checkpoint of distillation is in the bucket
+        if s3.list_objects_v2(Bucket="lopd", Prefix=checkpoint).get("KeyCount"):
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError("distillation never wrote its first checkpoint")
+    # the machine dies: the worker and the flow run it started (Prefect runs it in a session of its own)
+    os.killpg(state["pids"]["worker"], signal.SIGKILL)
+    for pid in _processes_of(flow_run.id):
+        os.kill(pid, signal.SIGKILL)
+
+    # a replacement worker on an empty disk (the deployment's job variables name the worker's LOPD_HOME: the
+    # dead machine's folders are removed), then "Retry" of the same flow run
+    import shutil
+
+    home = folder / "lopd"
+    for gone in ("runs", "checkpoints"):
+        shutil.rmtree(home / gone, ignore_errors=True)
+    log = (folder / "worker2.log").open("w")
+    worker = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool", "lopd-process"],
+                              env={**os.environ, "LOPD_HOME": str(home)}, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True, cwd=ROOT)
+    services_file = folder / "services.json"
+    recorded = json.loads(services_file.read_text())
+    recorded["pids"]["worker2"] = worker.pid  # `down` stops it too
+    services_file.write_text(json.dumps(recorded))
+    with get_client(sync_client=True) as client:
+        # what the server's zombie detection (or lopd's reaper) and then "Retry" in the UI do: Crashed (which
+        # releases the deployment's concurrency slot), then Scheduled for the same flow run
+        client.set_flow_run_state(flow_run.id, Crashed(message="worker killed"), force=True)
+        client.set_flow_run_state(flow_run.id, Scheduled(), force=True)
+        final = _wait(client, flow_run.id, timeout=900)
+        if final.state.type.value != "COMPLETED":
+            from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+            logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])), limit=200)
+            raise AssertionError(f"{final.state}: " + "\n".join(f"{e.name}: {e.message}" for e in logs[-40:]))
+
+    from lopd_core.config import load_config
+    from lopd_core.memory.store import ExperienceStore
+
+    record = json.loads((home / "runs" / "c3" / "cycle.json").read_text())  # pulled, then completed, by the replacement
+    assert record["state"] == "completed" and record["stages"]["distill"]["resumed"] is True
+    assert record["stages"]["distill"]["steps"] == 6
+    cfg = load_config(state["profile"], {"workspace.home": str(home)})
+    ids = ExperienceStore.from_config(cfg).read("trajectories", where="cycle_id = 'c3'",
+                                                columns=["trajectory_id"])["trajectory_id"]
+    assert len(ids) == ids.nunique() == 4 + 6 * 2
