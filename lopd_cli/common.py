@@ -13,7 +13,7 @@ from rich.markup import escape
 err = Console(stderr=True)
 out = Console()
 
-Profile = Annotated[str, typer.Option("--profile", "-p", help="Profile name (smoke, demo, demo-codegen, gpu) or YAML path.")]
+Profile = Annotated[str, typer.Option("--profile", "-p", help="Profile name (smoke, demo, demo-codegen, gpu, cluster) or YAML path.")]
 Overrides = Annotated[list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line of stdout.")]
 

@@ -1,6 +1,6 @@
 """Typed configuration: one model per pipeline stage, loaded from YAML profiles.
 
-A profile (``smoke``, ``demo``, ``demo-codegen``, ``gpu`` shipped in ``lopd_core/configs/``, or any YAML path) selects
+A profile (``smoke``, ``demo``, ``demo-codegen``, ``gpu``, ``cluster`` shipped in ``lopd_core/configs/``, or any YAML path) selects
 values; it never contains code. Loading order: the model defaults below (the paper's defaults, see
 docs/method.md) ← the profile ← ``--set section.field=value`` overrides from the command line.
 
@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-PROFILES = ("smoke", "demo", "demo-codegen", "gpu")
+PROFILES = ("smoke", "demo", "demo-codegen", "gpu", "cluster")
 GROUP_METHODS = ("grpo", "sdpo", "skill_sd", "rft")
 
 

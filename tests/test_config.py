@@ -28,7 +28,7 @@ def test_bad_value_names_the_field():
 
 
 def test_bad_choice_lists_allowed_values():
-    with pytest.raises(ConfigError, match=r"rollout\.engine.*'hf' or 'vllm'"):
+    with pytest.raises(ConfigError, match=r"rollout\.engine.*'hf', 'vllm' or 'vllm-server'"):
         load_config("smoke", ["rollout.engine=sglang"])
 
 
