@@ -24,7 +24,7 @@ import types
 import typing
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -78,6 +78,12 @@ class _Section(BaseModel):
             value = out.get(name)
             if isinstance(value, str) and _takes_float(field.annotation) and _DECIMAL.fullmatch(value.strip()):
                 out[name] = float(value)
+            # YAML 1.1 reads an unquoted off/on/no/yes as a bool: a choice field that offers "off" gets it back
+            if isinstance(value, bool) and get_origin(field.annotation) is Literal:
+                word = {False: ("off", "no", "false"), True: ("on", "yes", "true")}[value]
+                match = [c for c in get_args(field.annotation) if c in word]
+                if match:
+                    out[name] = match[0]
         return out
 
 

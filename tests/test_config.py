@@ -161,3 +161,11 @@ def test_good_cycle_ids_pass(cycle_id):
     from lopd_core.config import check_cycle_id
 
     assert check_cycle_id(cycle_id) == cycle_id
+
+
+def test_an_unquoted_off_is_the_choice_off():
+    """YAML 1.1 reads `--set distill.lopd.privilege_gate=off` as false: a choice field offering "off" takes it."""
+    cfg = load_config("smoke", ["distill.lopd.privilege_gate=off", "model.autocast=off"])
+    assert cfg.distill.lopd.privilege_gate == "off" and cfg.model.autocast == "off"
+    with pytest.raises(ConfigError, match="distill.lopd.privilege_gate"):
+        load_config("smoke", ["distill.lopd.privilege_gate=yes"])  # no "on"/"yes" choice: still an error
