@@ -31,6 +31,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from lopd_core.workspace import lopd_home, portable
+
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = {
     "before": {"rollout.engine": "hf", "distill.sort_by_length": "false"},
@@ -117,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     before, after = runs.get("before"), runs.get("after")
     trl = json.loads((RESULTS / "distill_throughput.json").read_text()) if (RESULTS / "distill_throughput.json").exists() else {}
     report = {
-        "benchmark": "loop_speed", "command": "python -m benchmarks.loop_speed " + " ".join(argv or sys.argv[1:]),
+        "benchmark": "loop_speed",
+        "command": portable("python -m benchmarks.loop_speed " + " ".join(argv or sys.argv[1:]), lopd_home()),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "")},

@@ -6,15 +6,13 @@ rows written by one are read by the other, versions pin, pinned versions survive
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from test_memory_support import make_trajectory
+from workspace_procs import free_port, start_server
 
 from lopd_core.config import load_config
 from lopd_core.memory.store import ExperienceStore
@@ -27,23 +25,12 @@ def s3_endpoint(tmp_path_factory):
     server = shutil.which("moto_server", path=str(Path(sys.executable).parent))
     if server is None:
         pytest.skip("moto's server is not installed (requirements/cpu.txt pins it)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = (tmp_path_factory.mktemp("moto") / "moto.log").open("w")
-    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     client = boto3.client("s3", endpoint_url=url, aws_access_key_id="test", aws_secret_access_key="test",
                           region_name="us-east-1")
-    for _ in range(100):
-        try:
-            client.create_bucket(Bucket="lopd")
-            break
-        except Exception:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("moto's S3 server did not start")
+    proc = start_server([server, "-H", "127.0.0.1", "-p", str(port)], lambda: client.create_bucket(Bucket="lopd"),
+                        log=tmp_path_factory.mktemp("moto") / "moto.log", timeout=60)
     yield url, client
     proc.terminate()
     proc.wait(timeout=10)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from workspace_procs import processes_with_env
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,19 +40,6 @@ def services(tmp_path_factory):
     finally:
         subprocess.run([sys.executable, str(ROOT / "infra" / "services.py"), "down", "--dir", str(folder)],
                        capture_output=True, timeout=120)
-
-
-def _processes_of(flow_run_id) -> list[int]:
-    """The processes running a flow run (Prefect puts its id in their environment)."""
-    marker, found = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode(), []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if marker in (proc / "environ").read_bytes():
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return found
 
 
 def _wait(client, run_id, timeout=900):
@@ -133,7 +121,7 @@ def test_a_worker_killed_in_distill_is_replaced_and_the_retried_run_resumes(serv
         raise AssertionError("distillation never wrote its first checkpoint")
     # the machine dies: the worker and the flow run it started (Prefect runs it in a session of its own)
     os.killpg(state["pids"]["worker"], signal.SIGKILL)
-    for pid in _processes_of(flow_run.id):
+    for pid in processes_with_env(f"PREFECT__FLOW_RUN_ID={flow_run.id}"):
         os.kill(pid, signal.SIGKILL)
 
     # a replacement worker on an empty disk (the deployment's job variables name the worker's LOPD_HOME: the

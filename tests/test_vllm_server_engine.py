@@ -5,10 +5,7 @@ the server at run time (and the previous one unloaded), and the base stays reach
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -16,6 +13,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from test_vllm_engine import GREEDY, _peaked, _prompts, _random_lora  # noqa: E402
+from workspace_procs import free_port, start_server  # noqa: E402
 
 from lopd_core.rollout.engines.base import SamplingParams  # noqa: E402
 from lopd_core.rollout.engines.hf import HFEngine  # noqa: E402
@@ -30,30 +28,20 @@ def server(tmp_path_factory, tiny_tokenizer):
     model_dir = folder / "model"
     _peaked(tiny_tokenizer).save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    log = (folder / "server.log").open("w")
-    # `vllm serve` itself looks up the package "vllm", and vllm-cpu installs under another name: the module
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-                             "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", "--enable-lora",
-                             "--max-lora-rank", "8", "--logprobs-mode", "processed_logprobs", "--max-num-seqs", "4"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"vllm serve exited: {(folder / 'server.log').read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(1)
-    else:
-        proc.kill()
-        pytest.fail("vllm serve did not come up in 600 s")
+
+    def healthy():
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            assert r.status == 200
+
+    # `vllm serve` itself looks up the package "vllm", and vllm-cpu installs under another name: the module
+    proc = start_server([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
+                         "--enforce-eager", "--enable-lora", "--max-lora-rank", "8",
+                         "--logprobs-mode", "processed_logprobs", "--max-num-seqs", "4"],
+                        healthy, log=folder / "server.log", timeout=600, env=env)
     yield url, folder
     os.killpg(proc.pid, 15)
     proc.wait(timeout=60)
