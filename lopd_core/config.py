@@ -283,12 +283,12 @@ class LOPDConfig(_Section):
     """Never retrieve experiences of the same task id (same-task hit rate is logged when allowed)."""
     experience_max_tokens: int = Field(256, ge=16)
     """Encoder input per experience is truncated to this many tokens."""
-    reuse_teacher_forward: bool = False
-    """Run the teacher phase once with the composer graph and reuse it in the composer phase (same numbers, fewer forwards, more memory)."""
+    reuse_teacher_forward: bool = True
+    """Per micro-batch, run the teacher once with the composer graph: its detached top-M supervises the student and its graph gives the composer's loss (the same numbers, one teacher and one encoder forward fewer; off = separate teacher and composer forwards)."""
     encoder_micro_batch: int = Field(0, ge=0)
     """Encode at most this many experiences per encoder forward (0 = all J·B at once)."""
     teacher_prefix_cache: bool = True
-    """Run the teacher prompt before the latent span once per step without grad (it does not depend on φ) and reuse its keys/values."""
+    """Run the teacher prompt before the latent span once per run without grad (it depends on nothing that trains) and reuse its keys/values."""
     cold_start: ColdStartConfig = ColdStartConfig()
     """Cold start of the composer."""
 
@@ -386,6 +386,8 @@ class DistillConfig(_Section):
     """Rollouts per forward/backward in every method's update and the cold start (gradients accumulate: the same step, less memory); 0 = all."""
     sort_by_length: bool = True
     """Order each step's rollouts by length before cutting micro-batches (less padding; the same step)."""
+    share_prefix: bool = True
+    """Group each step's rollouts by shared prompt prefix (a domain's system message and worked examples) and run each shared prefix once per step, with gradients, instead of once per rollout (the same step; lopd_core/algorithms/prefix.py)."""
     checkpoint_every: int = Field(1, ge=1)
     """Write a resumable checkpoint every this many steps."""
     keep_checkpoints: int = Field(2, ge=1)

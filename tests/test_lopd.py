@@ -336,7 +336,7 @@ def test_rollouts_sorted_by_length_pad_less_and_give_the_same_step(tiny_tokenize
     runs = []
     for sort in (False, True):
         cfg = smoke(**{"distill.micro_batch": 2, "distill.sort_by_length": sort, "distill.lopd.lr_composer": 1e-3,
-                       "distill.lr_student": 1e-3})
+                       "distill.lr_student": 1e-3, "distill.share_prefix": False})
         policies, composer = build(cfg, models_dir)
         algo = LOPD(cfg.distill, policies, composer)
         metrics = algo.step(StepInputs(step=0, trajectories=rows, tasks=tasks, retrieved=retrieved))

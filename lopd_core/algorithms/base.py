@@ -68,14 +68,30 @@ def usable_rollouts(trajectories: list[Trajectory]) -> list[int]:
     return [i for i, t in enumerate(trajectories) if t.status != "error" and t.n_generated > 0]
 
 
-def by_length(indices: Iterable[int], trajectories: Sequence[Trajectory], *, enabled: bool = True) -> list[int]:
+def by_length(indices: Iterable[int], trajectories: Sequence[Trajectory], *, enabled: bool = True,
+              by_prefix: bool = False) -> list[int]:
     """``indices`` (into ``trajectories``) shortest trajectory first, stable (``distill.sort_by_length``).
 
     Consecutive micro-batches then hold rollouts of similar length, so padding each to its longest costs
-    little. Every update divides each micro-batch's loss sum by the step's token total, so the order changes
-    the step only by the order of float sums."""
+    little. With ``by_prefix`` (``distill.share_prefix``) rollouts whose prompts share a long prefix (a
+    domain's system message and worked examples) come together first, shortest first inside each group
+    (:func:`lopd_core.algorithms.prefix.prefix_order`). Every update divides each micro-batch's loss sum by the
+    step's token total, so the order changes the step only by the order of float sums."""
     indices = list(indices)
+    if by_prefix:
+        from lopd_core.algorithms.prefix import prefix_order
+
+        return [indices[k] for k in prefix_order([trajectories[i].token_ids for i in indices], by_length=enabled)]
     return sorted(indices, key=lambda i: len(trajectories[i].token_ids)) if enabled else indices
+
+
+def step_slices(rows: Sequence[Trajectory], size: int, *, by_prefix: bool = False) -> list[slice]:
+    """Micro-batches of at most ``size`` rollouts (0 = all) in the given order; with ``by_prefix`` they never
+    mix rollouts of different prefix groups, so each micro-batch can take its group's shared prefix."""
+    from lopd_core.algorithms.prefix import grouped_slices, prefix_groups
+
+    groups = prefix_groups([r.token_ids for r in rows]) if by_prefix else [0] * len(rows)
+    return grouped_slices(groups, size)
 
 
 def skipped_metrics(prefix: str, *, total: int, errored: int, without_context: int = 0) -> dict[str, float]:

@@ -22,16 +22,15 @@ from typing import Any
 import torch
 
 from lopd_core import losses
-from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, usable_rollouts
+from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, step_slices, usable_rollouts
 from lopd_core.algorithms.batch import to_padded
 from lopd_core.algorithms.logprobs import (
     gather_tokens,
-    micro_batches,
     plain_student_batch,
     rewards_tensor,
-    student_logprobs,
 )
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.algorithms.prefix import StudentForwards
 from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
 from lopd_core.models.policy import PolicySet
@@ -96,23 +95,26 @@ class GRPO:
         advantages = group_advantages(grouped, usable, self.policies.device)
         keep = [n for n in range(len(usable)) if float(advantages[n]) != 0.0]
         metrics["grpo/zero_advantage_rate"] = 1.0 - len(keep) / max(len(usable), 1)
-        keep = by_length(keep, [trajectories[u] for u in usable], enabled=self.cfg.sort_by_length)
+        keep = by_length(keep, [trajectories[u] for u in usable], enabled=self.cfg.sort_by_length,
+                         by_prefix=self.cfg.share_prefix)
         if not keep:
             return {**metrics, "distill/updated": 0.0}
         rows = [trajectories[usable[n]] for n in keep]
         advantages = advantages[keep]
-        parts = micro_batches(len(rows), self.cfg.micro_batch)
+        parts = step_slices(rows, self.cfg.micro_batch, by_prefix=self.cfg.share_prefix)
         batches = [plain_student_batch(self.policies, rows[part]) for part in parts]
         n_tokens = sum(b.n_tokens for b in batches)
         with timer("student"):
             with torch.no_grad():  # π_old: the student before this step's first epoch
-                old = [to_padded(gather_tokens(student_logprobs(self.policies, b), b.target_ids[b.mask.bool()]), b.mask)
-                       for b in batches]
+                forwards = StudentForwards(self.policies, batches, share=self.cfg.share_prefix)
+                old = [to_padded(gather_tokens(forwards.logprobs(k), b.target_ids[b.mask.bool()]), b.mask)
+                       for k, b in enumerate(batches)]
             self.policies.train_mode(True)
             for _ in range(grpo.epochs):
                 loss_sum, clipped = 0.0, 0.0
-                for part, batch, old_lp in zip(parts, batches, old, strict=True):  # Σ (slice token sum / all tokens)
-                    lp = student_logprobs(self.policies, batch)
+                forwards = StudentForwards(self.policies, batches, share=self.cfg.share_prefix)
+                for k, (part, batch, old_lp) in enumerate(zip(parts, batches, old, strict=True)):  # Σ (slice sum / all tokens)
+                    lp = forwards.logprobs(k)
                     token_lp = to_padded(gather_tokens(lp, batch.target_ids[batch.mask.bool()]), batch.mask)
                     per_token = losses.ppo_clip_loss(token_lp, old_lp, advantages[part][:, None], clip_low=grpo.clip_eps)
                     loss = (per_token * batch.mask).sum() / max(n_tokens, 1)
@@ -121,6 +123,7 @@ class GRPO:
                     ratio = torch.exp(token_lp.detach() - old_lp)
                     clipped += float(((ratio - 1).abs() > grpo.clip_eps).float().mul(batch.mask).sum())
                     del lp, token_lp, per_token, loss
+                forwards.finish()
                 grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
             self.policies.train_mode(False)
         return {**metrics, "distill/updated": 1.0, "distill/loss": loss_sum,

@@ -26,13 +26,17 @@ def micro_batches(n: int, size: int) -> list[slice]:
     return [slice(start, start + step) for start in range(0, n, step)]
 
 
-def paired_micro_batches(policies: PolicySet, rows: list[Trajectory], prompts: list, size: int
-                         ) -> tuple[list[tuple[SequenceBatch, SequenceBatch]], int]:
+def paired_micro_batches(policies: PolicySet, rows: list[Trajectory], prompts: list, size: int, *,
+                         by_prefix: bool = False) -> tuple[list[tuple[SequenceBatch, SequenceBatch]], int]:
     """(teacher, student) batches per micro-batch of ``rows`` (teacher ``prompts[i]`` for ``rows[i]``), and the
-    step's total supervised token count that every slice's loss sum is divided by."""
+    step's total supervised token count that every slice's loss sum is divided by. ``by_prefix``: slices
+    stop at prompt-prefix groups (:func:`lopd_core.algorithms.base.step_slices`)."""
+    from lopd_core.algorithms.base import step_slices
+
     pad, device = policies.tokenizer.pad_token_id, policies.device
     batches = [(teacher_batch(rows[part], prompts[part], pad_id=pad, device=device),
-                student_batch(rows[part], pad_id=pad, device=device)) for part in micro_batches(len(rows), size)]
+                student_batch(rows[part], pad_id=pad, device=device))
+               for part in step_slices(rows, size, by_prefix=by_prefix)]
     return batches, sum(s_batch.n_tokens for _, s_batch in batches)
 
 

@@ -16,10 +16,15 @@ Rollouts without a retrieved experience and errored rollouts get no loss (counte
 
 Deviations and options (all in ``distill.lopd``):
 
-- ``reuse_teacher_forward``: φ and the teacher weights do not change during the student phase, so the
-  teacher phase and the composer phase compute the same distribution. With this flag the teacher phase
-  runs once *with* the composer graph and the composer phase reuses it (the same numbers, one teacher and
-  one encoder forward fewer per step, more peak memory); off by default.
+- ``reuse_teacher_forward`` (on): φ and the teacher weights do not change before the composer's optimizer
+  step, so the teacher phase and the composer phase compute the same distribution. Each micro-batch then
+  runs its teacher forward once *with* the composer graph: its detached top-M supervises the student, its
+  graph gives the composer's loss right after (the same numbers, one teacher and one encoder forward fewer
+  per micro-batch; one micro-batch's graph held through the student's forward). Off: the three phases run
+  one after another over all micro-batches, as listed above.
+- ``distill.share_prefix`` (on): rollouts sharing a prompt prefix are batched together; the student runs each
+  shared prefix once per step with gradients and the frozen teacher once per run
+  (:mod:`lopd_core.algorithms.prefix`).
 - ``margin = 0`` disables the constraint (β stays at β₀, no margin term): the paper's "no margin" ablation.
 - ``frozen_composer``: φ stays φ0; steps 3–4 only measure Δ. ``context = 'text'``: the retrieved
   trajectories are given to the teacher as text in the same place; there is no composer to train.
@@ -35,16 +40,22 @@ import torch
 from torch import Tensor
 
 from lopd_core import distributed, losses
-from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, usable_rollouts
+from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, step_slices, usable_rollouts
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch, to_padded
-from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, rewards_tensor, student_logprobs
+from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, rewards_tensor
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.algorithms.prefix import (
+    FrozenPrefixCache,
+    StudentForwards,
+    hidden_after_prefix,
+    prefix_key_values,
+)
 from lopd_core.config import DistillConfig, LOPDConfig
 from lopd_core.envs.base import Task
 from lopd_core.metrics import Timer
 from lopd_core.models.composer import ComposerPair, ComposerState, anchor_latents, compose, experience_turns
 from lopd_core.models.latent import TeacherPrompt, experiences_prompt, inject_latents, latent_prompt
-from lopd_core.models.policy import ENCODER, PolicySet, causal_lm_parts, hidden_states, logprobs_at
+from lopd_core.models.policy import ENCODER, PolicySet, hidden_states, logprobs_at
 from lopd_core.records.experience import Experience, RetrievalQuery
 from lopd_core.records.trajectory import Trajectory
 
@@ -66,26 +77,21 @@ class TeacherPrefix:
     key_values: list[tuple[Tensor, Tensor]]
 
 
-def _cache_keyword(decoder) -> str:
-    """``cache`` (transformers ≥ 5.x) or ``past_key_values`` (older): the decoder forward's KV-cache argument."""
-    import inspect
+def teacher_prefix(policies: PolicySet, batch: SequenceBatch, *, min_length: int = 8,
+                   cache: FrozenPrefixCache | None = None) -> TeacherPrefix | None:
+    """The batch's common prefix cache, or None (no span, a very short prefix, or gradient checkpointing on).
 
-    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-
-
-def teacher_prefix(policies: PolicySet, batch: SequenceBatch, *, min_length: int = 8) -> TeacherPrefix | None:
-    """The batch's common prefix cache, or None (no span, a very short prefix, or gradient checkpointing on)."""
+    With ``cache`` (kept by the method for the whole run: the teacher is frozen) each distinct prompt prefix
+    is computed once per run instead of once per micro-batch and step."""
     if policies.gradient_checkpointing or not batch.span_lengths or min(batch.span_lengths) == 0:
         return None
     length = min(batch.span_starts)
     if length < min_length:
         return None
     with torch.no_grad(), policies.teacher() as teacher:
-        decoder, _ = causal_lm_parts(teacher)
-        out = decoder(input_ids=batch.input_ids[:, :length], attention_mask=batch.attention_mask[:, :length],
-                      use_cache=True)
-    cache = getattr(out, "cache", None) or out.past_key_values
-    return TeacherPrefix(length, [(layer.keys, layer.values) for layer in cache.layers])
+        if cache is not None:
+            return TeacherPrefix(length, cache.rows(teacher, batch.input_ids[:, :length]))
+        return TeacherPrefix(length, prefix_key_values(teacher, batch.input_ids[:, :length]))
 
 
 def latent_teacher_logprobs(policies: PolicySet, composer: ComposerState, batch: SequenceBatch,
@@ -97,8 +103,6 @@ def latent_teacher_logprobs(policies: PolicySet, composer: ComposerState, batch:
     latents each are concatenated into the row's J·K span. With ``prefix`` only the positions from the
     prefix on are run (the same numbers, see :class:`TeacherPrefix`).
     """
-    from transformers import DynamicCache
-
     latents = compose(policies, composer.compressor, pairs, adapter=ENCODER, max_tokens=max_tokens,
                       micro_batch=micro_batch)
     d = latents.shape[-1]
@@ -110,10 +114,7 @@ def latent_teacher_logprobs(policies: PolicySet, composer: ComposerState, batch:
         if prefix is None:
             hidden = hidden_states(teacher, inputs_embeds=embeds, attention_mask=batch.attention_mask)
         else:
-            decoder, _ = causal_lm_parts(teacher)
-            cache = DynamicCache(ddp_cache_data=prefix.key_values)  # a fresh cache: the forward appends to it
-            hidden = decoder(inputs_embeds=embeds, attention_mask=batch.attention_mask, use_cache=True,
-                             **{_cache_keyword(decoder): cache}).last_hidden_state
+            hidden = hidden_after_prefix(teacher, prefix.key_values, batch.attention_mask, inputs_embeds=embeds)
         return logprobs_at(teacher, hidden, batch.predict_index - offset, batch.mask), latents
 
 
@@ -210,6 +211,8 @@ class LOPD:
         if self.composer_trainable:
             self.composer_optimizer = make_adamw(composer_parameters(policies, composer), lr=self.lopd.lr_composer,
                                                  weight_decay=cfg.weight_decay)
+        self.teacher_prefixes = FrozenPrefixCache()
+        """The frozen teacher's prompt prefixes before the latent span, kept for the whole run."""
 
     @property
     def beta(self) -> float:
@@ -227,22 +230,23 @@ class LOPD:
                                        max_tokens=self.lopd.experience_max_tokens,
                                        micro_batch=self.lopd.encoder_micro_batch, prefix=prefix)
 
-    def _micro_batches(self, rows, tasks, experiences, *, offset: int = 0, first_index: int = 0,
+    def _slices(self, rows: list[Trajectory]) -> list[slice]:
+        return step_slices(rows, self.cfg.micro_batch, by_prefix=self.cfg.share_prefix) if rows else []
+
+    def _micro_batches(self, rows, tasks, experiences, parts: list[slice], *, offset: int = 0, first_index: int = 0,
                        own: set[int] | None = None) -> list[MicroBatch]:
-        """Micro-batches of ``distill.micro_batch`` rollouts, each with its own teacher and student tensors;
+        """One :class:`MicroBatch` per slice of ``parts``, each with its own teacher and student tensors;
         ``offset`` places their rows after the step's other rows (re-scored bank successes). Only the
         micro-batches in ``own`` (indices from ``first_index``; None = all) get their teacher prefix cache:
         the others are another rank's to compute."""
         pad, device = self.policies.tokenizer.pad_token_id, self.policies.device
-        size = self.cfg.micro_batch or len(rows)
         out = []
-        for start in range(0, len(rows), size):
-            part = slice(start, min(start + size, len(rows)))
+        for part in parts:
             prompts, pairs, pair_rows = self._prompts_and_pairs(rows[part], tasks[part], experiences[part])
             t_batch = teacher_batch(rows[part], prompts, pad_id=pad, device=device)
             s_batch = student_batch(rows[part], pad_id=pad, device=device)
             computed = own is None or first_index + len(out) in own
-            prefix = (teacher_prefix(self.policies, t_batch)
+            prefix = (teacher_prefix(self.policies, t_batch, cache=self.teacher_prefixes)
                       if computed and self.uses_latents and self.lopd.teacher_prefix_cache else None)
             out.append(MicroBatch(t_batch=t_batch, s_batch=s_batch, pairs=pairs, pair_rows=pair_rows,
                                   rewards=rewards_tensor(rows[part], device),
@@ -273,7 +277,8 @@ class LOPD:
         lopd, policies = self.lopd, self.policies
         timer = Timer()
         usable = usable_rollouts(inputs.trajectories)
-        chosen = by_length([i for i in usable if inputs.retrieved[i]], inputs.trajectories, enabled=self.cfg.sort_by_length)
+        chosen = by_length([i for i in usable if inputs.retrieved[i]], inputs.trajectories,
+                           enabled=self.cfg.sort_by_length, by_prefix=self.cfg.share_prefix)
         metrics = skipped_metrics("distill", total=len(inputs.trajectories),
                                   errored=len(inputs.trajectories) - len(usable), without_context=len(usable) - len(chosen))
         if not chosen:
@@ -282,39 +287,50 @@ class LOPD:
         experiences = [inputs.retrieved[i][: lopd.n_retrieved] for i in chosen]
         # with several processes (lopd_core.distributed) every rank builds every micro-batch's tensors (the
         # step's normalisers come from all of them) and runs the forwards of its own share only
-        size = self.cfg.micro_batch or len(rows)
         extra_rows, extra_tasks, extra_experiences = self._rescored_successes(inputs, rows)
-        n_main = -(-len(rows) // size)
-        own = set(distributed.mine(n_main + (-(-len(extra_rows) // (self.cfg.micro_batch or max(len(extra_rows), 1)))
-                                             if extra_rows else 0)))
+        main_parts = self._slices(rows)
+        extra_parts = self._slices(extra_rows)
+        own = set(distributed.mine(len(main_parts) + len(extra_parts)))
         with timer("teacher"):  # the prefix caches of the teacher prompts are built here
-            batches = self._micro_batches(rows, [inputs.tasks[i] for i in chosen], experiences, own=own)
-            extra = (self._micro_batches(extra_rows, extra_tasks, extra_experiences, offset=len(rows),
+            batches = self._micro_batches(rows, [inputs.tasks[i] for i in chosen], experiences, main_parts, own=own)
+            extra = (self._micro_batches(extra_rows, extra_tasks, extra_experiences, extra_parts, offset=len(rows),
                                          first_index=len(batches), own=own) if extra_rows else [])
         every = [*batches, *extra]
         mine_main = [i for i in sorted(own) if i < len(batches)]
-        mine_extra = [i for i in sorted(own) if i >= len(batches)]
+        mine = [*mine_main, *(i for i in sorted(own) if i >= len(batches))]
         n_tokens = sum(b.s_batch.n_tokens for b in batches)
-        # reusing the teacher forward keeps its graph through the student phase: only without micro-batches
-        fused = (lopd.reuse_teacher_forward and self.composer_trainable and len(batches) == 1 and not extra
-                 and not distributed.active())
-
-        # --- teacher phase: top-M ids and log-probs at every supervised position (no grad) -------------
-        with timer("teacher"):
-            policies.train_mode(fused)
-            teacher = [self._teacher_phase(every[i], keep_graph=fused) for i in [*mine_main, *mine_extra]]
-
-        # --- student phase: top-M + tail reverse KL, global token mean, one optimizer step -------------
-        with timer("student"):
+        student = _StudentPhase(self, [every[i] for i in mine], n_main=len(mine_main), n_tokens=n_tokens)
+        composer = _ComposerPhase(self, every, n_rollouts=len(rows))
+        # one teacher forward per micro-batch, kept with its composer graph for the composer's loss: φ and the
+        # teacher's weights do not change before the composer's optimizer step
+        fused = lopd.reuse_teacher_forward and self.composer_trainable
+        teacher: list[TeacherOutput] = []
+        if fused:
             policies.train_mode(True)
-            student, student_loss, student_grad_norm = self._student_phase(
-                [batches[i] for i in mine_main], teacher, n_tokens=n_tokens, extra=[every[i] for i in mine_extra])
-
-        # --- composer phase: KL on the same ids + β(m − Δ) + λ·anchor, one optimizer step on φ ------------
-        with timer("composer"):
-            composer_metrics = self._composer_phase([every[i] for i in [*mine_main, *mine_extra]], teacher, student,
-                                                    n_rollouts=len(rows), every=every,
-                                                    indices=[*mine_main, *mine_extra])
+            for k, i in enumerate(mine):
+                with timer("teacher"):
+                    teacher.append(self._teacher_phase(every[i], keep_graph=True))
+                with timer("student"):
+                    s_out = student.forward(k, teacher[-1])
+                with timer("composer"):
+                    composer.add(i, every[i], teacher[-1], s_out)
+        else:
+            # --- teacher phase: top-M ids and log-probs at every supervised position (no grad) ---------
+            with timer("teacher"):
+                policies.train_mode(False)
+                teacher = [self._teacher_phase(every[i], keep_graph=False) for i in mine]
+            # --- student phase: top-M + tail reverse KL, global token mean ------------------------------
+            with timer("student"):
+                policies.train_mode(True)
+                outputs = [student.forward(k, t) for k, t in enumerate(teacher)]
+            # --- composer phase: the teacher forward again with the composer graph ---------------------
+            with timer("composer"):
+                for i, t, s_out in zip(mine, teacher, outputs, strict=True):
+                    composer.add(i, every[i], t, s_out)
+        with timer("student"):  # one optimizer step on the student
+            student_loss, student_grad_norm = student.finish()
+        with timer("composer"):  # KL on the same ids + β(m − Δ) + λ·anchor: one optimizer step on φ
+            composer_metrics = composer.finish()
         policies.train_mode(False)
 
         # --- dual step on β (Δ̂ from the composer-phase forward, before the φ step) --------------------
@@ -334,6 +350,8 @@ class LOPD:
             "distill/supervised_tokens": float(n_tokens),
             "distill/teacher_tokens": float(sum(b.t_batch.n_positions for b in batches)),
             "distill/padded_positions": float(sum(b.t_batch.n_padded + b.s_batch.n_padded for b in batches)),
+            "distill/prefix_saved_positions": float(student.forwards.saved_positions),
+            "distill/teacher_prefix_misses": float(self.teacher_prefixes.misses),
             "distill/teacher_tail_mass": tail,
             "distill/micro_batches": float(len(batches)),
             "distill/mean_experiences": sum(map(len, experiences)) / len(experiences),
@@ -357,113 +375,6 @@ class LOPD:
             out.logprobs, out.latents = logprobs, latents
         return out
 
-    def _student_phase(self, batches: list[MicroBatch], teacher: list[TeacherOutput], *, n_tokens: int,
-                       extra: list[MicroBatch] = ()) -> tuple[list[StudentOutput], float, float]:
-        """One optimizer step on the student; returns the pre-update student outputs (of ``extra`` rows too,
-        which get no loss), the loss and the grad norm."""
-        outputs, total = [], 0.0
-        for batch, t in zip(batches, teacher, strict=False):  # Σ (micro-batch KL sum / all tokens): the global mean
-            s_lp = student_logprobs(self.policies, batch.s_batch)
-            student_topm = s_lp.gather(-1, t.topm_ids)
-            kl = losses.topm_tail_reverse_kl(student_topm, t.topm_logprobs, grad_to="student")
-            loss = kl.sum() / n_tokens
-            loss.backward()
-            total += float(loss.detach())
-            outputs.append(StudentOutput(topm_logprobs=student_topm.detach(),
-                                         token_logprobs=gather_tokens(s_lp.detach(), batch.targets)))
-            del s_lp, student_topm, kl, loss
-        for batch, t in zip(extra, teacher[len(batches):], strict=True):
-            with torch.no_grad():
-                s_lp = student_logprobs(self.policies, batch.s_batch)
-            outputs.append(StudentOutput(topm_logprobs=s_lp.gather(-1, t.topm_ids),
-                                         token_logprobs=gather_tokens(s_lp, batch.targets)))
-            del s_lp
-        distributed.all_reduce_grads(self.policies.student_parameters())
-        grad_norm = clip_and_step(self.policies.student_parameters(), self.student_optimizer, max_norm=self.cfg.grad_clip)
-        return outputs, total, grad_norm
-
-    def _composer_phase(self, batches: list[MicroBatch], teacher: list[TeacherOutput], student: list[StudentOutput],
-                        *, n_rollouts: int, every: list[MicroBatch] | None = None,
-                        indices: list[int] | None = None) -> dict[str, float]:
-        """Per micro-batch its share of :func:`lopd_core.losses.composer_objective`, then one step on φ.
-
-        Rows past ``n_rollouts`` are re-scored bank successes: they enter Δ only. Without a trainable composer
-        (frozen φ, text context) it only measures Δ from the teacher phase. ``every`` is the step's whole list
-        of micro-batches and ``indices`` the positions of ``batches`` in it (several processes: each computes
-        its own share; the weights and sizes come from all of them)."""
-        lopd = self.lopd
-        every = batches if every is None else every
-        indices = list(range(len(batches))) if indices is None else indices
-        rewards = torch.cat([b.rewards for b in every])
-        weights = losses.margin_weights(rewards, form=lopd.margin_form, success_reward=lopd.success_reward,
-                                        failure_reward=lopd.failure_reward)
-        n_anchor = sum(len(b.pairs) for b in every) * lopd.n_latents * (self.composer.compressor.spec.hidden_size
-                                                                        if self.composer is not None else 0)
-        gain = self.composer.compressor.spec.latent_gain if self.composer is not None else None
-        anchor_scale = 1.0 / gain ** 2 if lopd.anchor_units == "embedding_rms" and gain else 1.0
-        totals = dict.fromkeys(("kl", "margin", "anchor", "loss", "latent_sq"), 0.0)
-        per_batch: dict[int, tuple] = {}  # index → (row means, first tokens, flat δ, flat advantages or None)
-        for index, batch, t, s_out in zip(indices, batches, teacher, student, strict=True):
-            mask, rescored = batch.s_batch.mask, batch.rows.start >= n_rollouts
-            if not self.composer_trainable:
-                delta = to_padded(losses.privilege_delta(t.token_logprobs, s_out.token_logprobs), mask)
-                totals["margin"] += float(losses.privilege_margin(delta, mask, weights[batch.rows]))
-            else:
-                logprobs, latents = t.logprobs, t.latents
-                if logprobs is None:
-                    logprobs, latents = self._teacher(batch.t_batch, batch.pairs, batch.pair_rows, batch.prefix)
-                kl_tokens = losses.topm_tail_reverse_kl(s_out.topm_logprobs, logprobs.gather(-1, t.topm_ids),
-                                                        grad_to="teacher")
-                delta = to_padded(losses.privilege_delta(gather_tokens(logprobs, batch.targets), s_out.token_logprobs),
-                                  mask)
-                anchor_target = None
-                if lopd.anchor_weight > 0 and self.composer.has_phi0:
-                    anchor_target = anchor_latents(self.policies, self.composer, batch.pairs,
-                                                   max_tokens=lopd.experience_max_tokens)
-                objective = losses.composer_objective(
-                    to_padded(kl_tokens, mask) * (0.0 if rescored else 1.0), delta, mask, weights[batch.rows],
-                    n_rollouts=n_rollouts, beta=self.beta, margin=self.margin, latents=latents,
-                    anchor_latents=anchor_target, anchor_weight=lopd.anchor_weight, n_anchor_values=max(n_anchor, 1),
-                    anchor_scale=anchor_scale, margin_share=0.0 if rescored else None)
-                with self.policies.composer_backward(latents):
-                    objective.loss.backward()
-                for key in ("kl", "margin", "anchor", "loss"):
-                    totals[key] += _scalar(getattr(objective, key))
-                totals["latent_sq"] += float(latents.detach().pow(2).sum())
-                t.logprobs = t.latents = None
-                del logprobs, latents, objective
-            detached = delta.detach()
-            flat = (None if rescored else
-                    (detached[mask.bool()].cpu(),
-                     losses.outcome_advantage(batch.rewards)[:, None].expand_as(mask)[mask.bool()].cpu()))
-            per_batch[index] = (losses.rollout_token_mean(detached, mask).cpu(), detached[:, 0].cpu(), flat)
-        if distributed.active():
-            totals = {k: distributed.all_sum(v) for k, v in totals.items()}
-        per_batch = distributed.gather_by_index(per_batch)
-        ordered = [per_batch[i] for i in sorted(per_batch)]
-        device = rewards.device
-        row_mean, row_first = [m.to(device) for m, _, _ in ordered], [f.to(device) for _, f, _ in ordered]
-        flat_delta = [flat[0].to(device) for _, _, flat in ordered if flat is not None]
-        flat_advantage = [flat[1].to(device) for _, _, flat in ordered if flat is not None]
-        delta_hat = float(losses.token_weighted_margin(torch.cat(flat_delta), torch.cat(flat_advantage),
-                                                       torch.ones(sum(len(d) for d in flat_delta), device=rewards.device)))
-        out = {"distill/privilege_delta": delta_hat, "distill/margin_delta": totals["margin"],
-               "distill/dual_estimate": delta_hat if lopd.margin_form == "signed" else totals["margin"],
-               "distill/margin_signal": float(bool((weights != 0).any())),
-               "distill/composer_updated": float(self.composer_trainable),
-               **privilege_summary(torch.cat(row_mean), torch.cat(row_first), rewards,
-                                   success_reward=lopd.success_reward, failure_reward=lopd.failure_reward)}
-        if not self.composer_trainable:
-            return out
-        distributed.all_reduce_grads(composer_parameters(self.policies, self.composer))
-        grad_norm = clip_and_step(composer_parameters(self.policies, self.composer), self.composer_optimizer,
-                                  max_norm=self.cfg.grad_clip)
-        return {**out, "distill/composer_kl": totals["kl"], "distill/anchor": totals["anchor"],
-                "distill/anchor_raw": totals["anchor"] / anchor_scale,
-                "distill/composer_loss": totals["loss"], "distill/composer_grad_norm": grad_norm,
-                "distill/latent_rms": (totals["latent_sq"] / max(n_anchor, 1)) ** 0.5,
-                "distill/anchor_cache_size": float(len(self.composer.anchor_cache))}
-
     # ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state = {"student_optimizer": self.student_optimizer.state_dict(), "beta": self.beta}
@@ -477,3 +388,126 @@ class LOPD:
             self.composer_optimizer.load_state_dict(state["composer_optimizer"])
         if self.composer is not None:
             self.composer.beta = float(state["beta"])
+
+
+class _StudentPhase:
+    """The student's share of a step: per micro-batch the top-M + tail reverse KL against the teacher (a global
+    token mean), backpropagated at once; :meth:`finish` takes the one optimizer step. The micro-batches past
+    ``n_main`` are re-scored bank successes: their pre-update student outputs are needed, never a loss."""
+
+    def __init__(self, method: LOPD, batches: list[MicroBatch], *, n_main: int, n_tokens: int):
+        self.method, self.n_main, self.n_tokens, self.total = method, n_main, n_tokens, 0.0
+        share = method.cfg.share_prefix
+        self.forwards = StudentForwards(method.policies, [b.s_batch for b in batches[:n_main]], share=share)
+        self.extra = StudentForwards(method.policies, [b.s_batch for b in batches[n_main:]], share=share)
+        self.batches = batches
+
+    def forward(self, k: int, t: TeacherOutput) -> StudentOutput:
+        batch = self.batches[k]
+        if k >= self.n_main:
+            with torch.no_grad():
+                s_lp = self.extra.logprobs(k - self.n_main)
+            return StudentOutput(topm_logprobs=s_lp.gather(-1, t.topm_ids), token_logprobs=gather_tokens(s_lp, batch.targets))
+        s_lp = self.forwards.logprobs(k)
+        student_topm = s_lp.gather(-1, t.topm_ids)
+        kl = losses.topm_tail_reverse_kl(student_topm, t.topm_logprobs, grad_to="student")
+        loss = kl.sum() / self.n_tokens  # Σ (micro-batch KL sum / all tokens): the global mean
+        loss.backward()
+        self.total += float(loss.detach())
+        return StudentOutput(topm_logprobs=student_topm.detach(), token_logprobs=gather_tokens(s_lp.detach(), batch.targets))
+
+    def finish(self) -> tuple[float, float]:
+        """The shared prefixes' backward, the gradient all-reduce and the optimizer step: (loss, grad norm)."""
+        self.forwards.finish()
+        self.extra.finish()
+        policies, cfg = self.method.policies, self.method.cfg
+        distributed.all_reduce_grads(policies.student_parameters())
+        grad_norm = clip_and_step(policies.student_parameters(), self.method.student_optimizer, max_norm=cfg.grad_clip)
+        return self.total, grad_norm
+
+
+class _ComposerPhase:
+    """Per micro-batch its share of :func:`lopd_core.losses.composer_objective` (:meth:`add`), then one step on
+    φ (:meth:`finish`).
+
+    Rows past ``n_rollouts`` are re-scored bank successes: they enter Δ only. Without a trainable composer
+    (frozen φ, text context) it only measures Δ from the teacher phase. ``every`` is the step's whole list of
+    micro-batches (several processes: each adds its own share; the weights and sizes come from all of them)."""
+
+    def __init__(self, method: LOPD, every: list[MicroBatch], *, n_rollouts: int):
+        self.method, self.n_rollouts = method, n_rollouts
+        lopd, composer = method.lopd, method.composer
+        self.rewards = torch.cat([b.rewards for b in every])
+        self.weights = losses.margin_weights(self.rewards, form=lopd.margin_form, success_reward=lopd.success_reward,
+                                             failure_reward=lopd.failure_reward)
+        hidden = composer.compressor.spec.hidden_size if composer is not None else 0
+        self.n_anchor = sum(len(b.pairs) for b in every) * lopd.n_latents * hidden
+        gain = composer.compressor.spec.latent_gain if composer is not None else None
+        self.anchor_scale = 1.0 / gain ** 2 if lopd.anchor_units == "embedding_rms" and gain else 1.0
+        self.totals = dict.fromkeys(("kl", "margin", "anchor", "loss", "latent_sq"), 0.0)
+        self.per_batch: dict[int, tuple] = {}  # index → (row means, first tokens, flat δ, flat advantages or None)
+
+    def add(self, index: int, batch: MicroBatch, t: TeacherOutput, s_out: StudentOutput) -> None:
+        method, lopd, totals = self.method, self.method.lopd, self.totals
+        mask, rescored = batch.s_batch.mask, batch.rows.start >= self.n_rollouts
+        if not method.composer_trainable:
+            delta = to_padded(losses.privilege_delta(t.token_logprobs, s_out.token_logprobs), mask)
+            totals["margin"] += float(losses.privilege_margin(delta, mask, self.weights[batch.rows]))
+        else:
+            logprobs, latents = t.logprobs, t.latents
+            if logprobs is None:
+                logprobs, latents = method._teacher(batch.t_batch, batch.pairs, batch.pair_rows, batch.prefix)
+            kl_tokens = losses.topm_tail_reverse_kl(s_out.topm_logprobs, logprobs.gather(-1, t.topm_ids),
+                                                    grad_to="teacher")
+            delta = to_padded(losses.privilege_delta(gather_tokens(logprobs, batch.targets), s_out.token_logprobs), mask)
+            anchor_target = None
+            if lopd.anchor_weight > 0 and method.composer.has_phi0:
+                anchor_target = anchor_latents(method.policies, method.composer, batch.pairs,
+                                               max_tokens=lopd.experience_max_tokens)
+            objective = losses.composer_objective(
+                to_padded(kl_tokens, mask) * (0.0 if rescored else 1.0), delta, mask, self.weights[batch.rows],
+                n_rollouts=self.n_rollouts, beta=method.beta, margin=method.margin, latents=latents,
+                anchor_latents=anchor_target, anchor_weight=lopd.anchor_weight, n_anchor_values=max(self.n_anchor, 1),
+                anchor_scale=self.anchor_scale, margin_share=0.0 if rescored else None)
+            with method.policies.composer_backward(latents):
+                objective.loss.backward()
+            for key in ("kl", "margin", "anchor", "loss"):
+                totals[key] += _scalar(getattr(objective, key))
+            totals["latent_sq"] += float(latents.detach().pow(2).sum())
+            t.logprobs = t.latents = None
+            del logprobs, latents, objective
+        detached = delta.detach()
+        flat = (None if rescored else
+                (detached[mask.bool()].cpu(),
+                 losses.outcome_advantage(batch.rewards)[:, None].expand_as(mask)[mask.bool()].cpu()))
+        self.per_batch[index] = (losses.rollout_token_mean(detached, mask).cpu(), detached[:, 0].cpu(), flat)
+
+    def finish(self) -> dict[str, float]:
+        method, lopd = self.method, self.method.lopd
+        totals = self.totals
+        if distributed.active():
+            totals = {k: distributed.all_sum(v) for k, v in totals.items()}
+        per_batch = distributed.gather_by_index(self.per_batch)
+        ordered = [per_batch[i] for i in sorted(per_batch)]
+        device = self.rewards.device
+        row_mean, row_first = [m.to(device) for m, _, _ in ordered], [f.to(device) for _, f, _ in ordered]
+        flat_delta = [flat[0].to(device) for _, _, flat in ordered if flat is not None]
+        flat_advantage = [flat[1].to(device) for _, _, flat in ordered if flat is not None]
+        delta_hat = float(losses.token_weighted_margin(torch.cat(flat_delta), torch.cat(flat_advantage),
+                                                       torch.ones(sum(len(d) for d in flat_delta), device=device)))
+        out = {"distill/privilege_delta": delta_hat, "distill/margin_delta": totals["margin"],
+               "distill/dual_estimate": delta_hat if lopd.margin_form == "signed" else totals["margin"],
+               "distill/margin_signal": float(bool((self.weights != 0).any())),
+               "distill/composer_updated": float(method.composer_trainable),
+               **privilege_summary(torch.cat(row_mean), torch.cat(row_first), self.rewards,
+                                   success_reward=lopd.success_reward, failure_reward=lopd.failure_reward)}
+        if not method.composer_trainable:
+            return out
+        params = composer_parameters(method.policies, method.composer)
+        distributed.all_reduce_grads(params)
+        grad_norm = clip_and_step(params, method.composer_optimizer, max_norm=method.cfg.grad_clip)
+        return {**out, "distill/composer_kl": totals["kl"], "distill/anchor": totals["anchor"],
+                "distill/anchor_raw": totals["anchor"] / self.anchor_scale,
+                "distill/composer_loss": totals["loss"], "distill/composer_grad_norm": grad_norm,
+                "distill/latent_rms": (totals["latent_sq"] / max(self.n_anchor, 1)) ** 0.5,
+                "distill/anchor_cache_size": float(len(method.composer.anchor_cache))}

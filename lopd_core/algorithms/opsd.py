@@ -20,8 +20,9 @@ import torch
 from lopd_core import losses
 from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, usable_rollouts
 from lopd_core.algorithms.context import opsd_reference
-from lopd_core.algorithms.logprobs import model_logprobs, paired_micro_batches, student_logprobs
+from lopd_core.algorithms.logprobs import model_logprobs, paired_micro_batches
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.algorithms.prefix import StudentForwards
 from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
 from lopd_core.models.latent import system_reference_prompt
@@ -46,7 +47,8 @@ class OPSD:
 
     def step(self, inputs: StepInputs) -> dict[str, Any]:
         tok, timer = self.policies.tokenizer, Timer()
-        usable = by_length(usable_rollouts(inputs.trajectories), inputs.trajectories, enabled=self.cfg.sort_by_length)
+        usable = by_length(usable_rollouts(inputs.trajectories), inputs.trajectories, enabled=self.cfg.sort_by_length,
+                           by_prefix=self.cfg.share_prefix)
         sources = {"bank": 0, "oracle": 0, "none": 0}
         chosen, prompts = [], []
         for i in usable:
@@ -63,9 +65,11 @@ class OPSD:
         if not chosen:
             return {**metrics, "distill/updated": 0.0}
         rows = [inputs.trajectories[i] for i in chosen]
-        batches, n_tokens = paired_micro_batches(self.policies, rows, prompts, self.cfg.micro_batch)
+        batches, n_tokens = paired_micro_batches(self.policies, rows, prompts, self.cfg.micro_batch,
+                                                 by_prefix=self.cfg.share_prefix)
         loss_sum = 0.0
-        for t_batch, s_batch in batches:  # Σ (slice divergence sum / all tokens): the global token mean
+        forwards = StudentForwards(self.policies, [s for _, s in batches], share=self.cfg.share_prefix)
+        for k, (t_batch, _) in enumerate(batches):  # Σ (slice divergence sum / all tokens): the global token mean
             # --- teacher: frozen base + reference in the system message (no grad) ---------------------
             with timer("teacher"), torch.no_grad():
                 self.policies.train_mode(False)
@@ -73,12 +77,13 @@ class OPSD:
             # --- student: full-vocabulary divergence ------------------------------------------------------
             with timer("student"):
                 self.policies.train_mode(True)
-                s_lp = student_logprobs(self.policies, s_batch)
+                s_lp = forwards.logprobs(k)
                 loss = full_vocab_divergence(s_lp, teacher_lp, self.cfg.opsd).sum() / max(n_tokens, 1)
                 loss.backward()
                 loss_sum += float(loss.detach())
                 del teacher_lp, s_lp, loss
         with timer("student"):  # one optimizer step for the whole batch
+            forwards.finish()
             grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
         self.policies.train_mode(False)
         return {**metrics, "distill/updated": 1.0, "distill/loss": loss_sum,

@@ -87,7 +87,8 @@ class RFT:
         last: dict[str, float] = {}
         for _ in range(self.rft.epochs):
             last = supervised_update(self.policies, self.optimizer, rows, micro_batch=self.cfg.micro_batch,
-                                     grad_clip=self.cfg.grad_clip, sort_by_length=self.cfg.sort_by_length)
+                                     grad_clip=self.cfg.grad_clip, sort_by_length=self.cfg.sort_by_length,
+                                     share_prefix=self.cfg.share_prefix)
         return {**out, "distill/updated": 1.0, "distill/loss": last["loss"], "distill/student_grad_norm": last["grad_norm"],
                 "distill/supervised_tokens": last["tokens"], "distill/micro_batches": last["micro_batches"]}
 
@@ -126,7 +127,8 @@ class OracleSFT:
         if not rows:
             return {"distill/updated": 0.0, "distill/rollouts": 0.0}
         update = supervised_update(self.policies, self.optimizer, rows, micro_batch=self.cfg.micro_batch,
-                                   grad_clip=self.cfg.grad_clip, sort_by_length=self.cfg.sort_by_length)
+                                   grad_clip=self.cfg.grad_clip, sort_by_length=self.cfg.sort_by_length,
+                                   share_prefix=self.cfg.share_prefix)
         return {"distill/updated": 1.0, "distill/rollouts": float(len(rows)), "distill/loss": update["loss"],
                 "distill/student_grad_norm": update["grad_norm"], "distill/supervised_tokens": update["tokens"],
                 "sft_oracle/mean_reward": sum(r.reward for r in rows) / len(rows)}
