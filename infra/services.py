@@ -28,22 +28,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from lopd_core.workspace import free_port
+
 BIN = Path(sys.executable).parent
 BUCKET = "lopd"
 ACCESS = {"AWS_ACCESS_KEY_ID": "lopd", "AWS_SECRET_ACCESS_KEY": "lopd-secret", "AWS_REGION": "us-east-1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pg_bin(name: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -139,3 +140,10 @@ class Workspace:
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         }
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (local servers: the UI, MLflow, PostgreSQL, S3, tests)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 from workspace_procs import workspace_processes
 
 from lopd_core import liveness
+from lopd_core.workspace import free_port
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -183,17 +183,11 @@ with training_slot("lopd-training-test", sys.argv[1], lease_duration=float(sys.a
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="flock + /proc")
 def test_slot_of_a_killed_holder_is_free_at_once_on_a_real_server(tmp_path):
     """A real server keeps a SIGKILLed holder's lease until it expires (120 s by default: the resumed cycle used to
     wait ~80 s); the lock file names the lease, and the next holder releases it."""
-    port = _free_port()
+    port = free_port()
     env = {**_env(tmp_path / "ws"), "PREFECT_HOME": str(tmp_path / "prefect"),
            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     server = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
@@ -257,7 +251,7 @@ def test_a_stage_that_raises_marks_its_record_and_mlflow_run_failed(smoke_config
 def test_a_training_limit_that_cannot_be_created_stops_the_holder(tmp_path):
     """A limit that failed to be created would be no limit: an unreachable server is an error, not a pass."""
     env = {**_env(tmp_path / "ws"), "PREFECT_HOME": str(tmp_path / "prefect"),
-           "PREFECT_API_URL": f"http://127.0.0.1:{_free_port()}/api", "PREFECT_CLIENT_MAX_RETRIES": "0"}
+           "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api", "PREFECT_CLIENT_MAX_RETRIES": "0"}
     code = "from flows.common import ensure_concurrency_limit; ensure_concurrency_limit('lopd-training-test')"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "ConnectError" in done.stderr, done.stderr[-2000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from lopd_core.workspace import free_port
+
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(predicate, timeout: float, what: str, procs=()):
@@ -53,7 +48,7 @@ def _flow_runs(env, deployment: str) -> list:
 
 
 def test_serve_runs_a_scheduled_cycle_and_a_manual_backfill(tmp_path, models_dir):
-    port = _free_port()
+    port = free_port()
     home = tmp_path / "ws"
     env = {**os.environ, "LOPD_HOME": str(home), "PREFECT_HOME": str(tmp_path / "prefect-server"),
            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 from lopd_core.config import load_config
 from lopd_core.registry import ModelRegistry
 from lopd_core.serving import ChatStudent, chat_request
+from lopd_core.workspace import free_port
 
 REQUEST = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0.0,
            "max_tokens": 6}
@@ -84,17 +84,11 @@ def test_chat_requests_are_checked_and_answered_as_openai_chat_completions(tiny_
         chat_request(pd.DataFrame([REQUEST, REQUEST]))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_a_chat_request(tmp_path, tiny_model_path):
     home = tmp_path / "ws"
     _champion_student(home, tiny_model_path)
-    port = _free_port()
+    port = free_port()
     bin_dir = str(Path(sys.executable).parent)  # mlflow starts `uvicorn` from PATH
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}

@@ -4,11 +4,14 @@ environment), a free port, and a server started and waited for."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from lopd_core.workspace import free_port
+
+__all__ = ["free_port", "processes_with_env", "start_server", "workspace_processes"]
 
 
 def processes_with_env(entry: str) -> list[int]:
@@ -27,12 +30,6 @@ def processes_with_env(entry: str) -> list[int]:
 def workspace_processes(home: Path) -> list[int]:
     """Processes (other than this one) whose environment has exactly LOPD_HOME=home."""
     return processes_with_env(f"LOPD_HOME={home}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(cmd: list[str], ready: Callable[[], object], *, log: Path, timeout: float,
