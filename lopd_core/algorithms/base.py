@@ -86,8 +86,12 @@ def by_length(indices: Iterable[int], trajectories: Sequence[Trajectory], *, ena
 
 
 def step_slices(rows: Sequence[Trajectory], size: int, *, by_prefix: bool = False) -> list[slice]:
-    """Micro-batches of at most ``size`` rollouts (0 = all) in the given order; with ``by_prefix`` they never
-    mix rollouts of different prefix groups, so each micro-batch can take its group's shared prefix."""
+    """Micro-batches of at most ``size`` rollouts (``distill.micro_batch``; 0 = one of all) in the given order;
+    with ``by_prefix`` they never mix rollouts of different prefix groups, so each micro-batch can take its
+    group's shared prefix.
+
+    Every method's student update runs one forward/backward per slice and divides each slice's loss sum by
+    the step's total token count, so the accumulated gradient is the whole batch's (less activation memory)."""
     from lopd_core.algorithms.prefix import grouped_slices, prefix_groups
 
     groups = prefix_groups([r.token_ids for r in rows]) if by_prefix else [0] * len(rows)

@@ -2,7 +2,7 @@
 
 Temperature-1 log-probs from the trainer's own forward pass at the supervised positions of a
 :class:`~lopd_core.algorithms.batch.SequenceBatch` (flat, in mask order), with the adapter the caller asks
-for live on the shared base; the slicing of a step's rollouts into micro-batches whose gradients add up to
+for live on the shared base; the (teacher, student) tensors of a step's micro-batches, whose gradients add up to
 the step's. Not here: the losses (:mod:`lopd_core.losses`) and the method interface (:mod:`.base`).
 """
 
@@ -14,16 +14,6 @@ from torch import Tensor
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch
 from lopd_core.models.policy import PolicySet, hidden_states, logprobs_at
 from lopd_core.records.trajectory import Trajectory
-
-
-def micro_batches(n: int, size: int) -> list[slice]:
-    """``n`` rollouts as consecutive slices of ``size`` (``distill.micro_batch``; 0 = one slice).
-
-    Every method's student update runs one forward/backward per slice and divides each slice's loss sum by
-    the step's total token count, so the accumulated gradient is the whole batch's (less activation memory).
-    """
-    step = size if size > 0 else max(n, 1)
-    return [slice(start, start + step) for start in range(0, n, step)]
 
 
 def paired_micro_batches(policies: PolicySet, rows: list[Trajectory], prompts: list, size: int, *,

@@ -27,9 +27,9 @@ from lopd_core.algorithms.logprobs import (
     gather_tokens,
     model_logprobs,
     paired_micro_batches,
-    student_logprobs,
 )
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.algorithms.prefix import StudentForwards
 from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
 from lopd_core.models.latent import text_context_prompt
@@ -78,7 +78,8 @@ class SDPO:
         tok, timer, g = self.policies.tokenizer, Timer(), inputs.group_size
         usable = set(usable_rollouts(inputs.trajectories))
         chosen, prompts, with_sibling, with_feedback = [], [], 0, 0
-        for i in by_length(sorted(usable), inputs.trajectories, enabled=self.cfg.sort_by_length):
+        for i in by_length(sorted(usable), inputs.trajectories, enabled=self.cfg.sort_by_length,
+                           by_prefix=self.cfg.share_prefix):
             start = (i // g) * g
             group = inputs.trajectories[start:start + g]
             context, sibling, feedback = sdpo_context(tok, group, i - start, max_tokens=self.cfg.lopd.experience_max_tokens,
@@ -97,9 +98,11 @@ class SDPO:
         if not chosen:
             return {**metrics, "distill/updated": 0.0}
         rows = [inputs.trajectories[i] for i in chosen]
-        batches, n_tokens = paired_micro_batches(self.policies, rows, prompts, self.cfg.micro_batch)
+        batches, n_tokens = paired_micro_batches(self.policies, rows, prompts, self.cfg.micro_batch,
+                                                 by_prefix=self.cfg.share_prefix)
         loss_sum, kl_sum, weight_sum = 0.0, 0.0, 0.0
-        for t_batch, s_batch in batches:  # Σ (slice sum / all tokens): the global token mean
+        forwards = StudentForwards(self.policies, [s for _, s in batches], share=self.cfg.share_prefix)
+        for k, (t_batch, s_batch) in enumerate(batches):  # Σ (slice sum / all tokens): the global token mean
             mask, targets = s_batch.mask, s_batch.target_ids[s_batch.mask.bool()]
             # --- teacher: EMA student + sibling/feedback text (no grad) --------------------------------
             with timer("teacher"), torch.no_grad():
@@ -108,7 +111,7 @@ class SDPO:
             # --- student: IS-weighted top-K + tail reverse KL ---------------------------------------------
             with timer("student"):
                 self.policies.train_mode(True)
-                s_lp = student_logprobs(self.policies, s_batch)
+                s_lp = forwards.logprobs(k)
                 support = s_lp.detach().topk(self.sdpo.top_k, dim=-1).indices
                 kl = losses.topm_tail_reverse_kl(s_lp.gather(-1, support), teacher_lp.gather(-1, support),
                                                  grad_to="student")
@@ -122,6 +125,7 @@ class SDPO:
                 del teacher_lp, s_lp, kl, weight, loss
         # --- one optimizer step for the whole batch, then the EMA update ---------------------------------
         with timer("student"):
+            forwards.finish()
             grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
             self._update_ema()
             self.policies.train_mode(False)

@@ -29,18 +29,17 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from lopd_core import losses
-from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, usable_rollouts
+from lopd_core.algorithms.base import StepInputs, by_length, skipped_metrics, step_slices, usable_rollouts
 from lopd_core.algorithms.batch import to_padded
 from lopd_core.algorithms.context import truncate_tokens
 from lopd_core.algorithms.grpo import group_advantages
 from lopd_core.algorithms.logprobs import (
     gather_tokens,
-    micro_batches,
     model_logprobs,
     paired_micro_batches,
-    student_logprobs,
 )
 from lopd_core.algorithms.optim import clip_and_step, make_adamw
+from lopd_core.algorithms.prefix import StudentForwards
 from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
 from lopd_core.models.composer import experience_text
@@ -182,7 +181,7 @@ class SkillSD:
             candidates = list(dict.fromkeys(e.experience_id for e in inputs.retrieved[start]))
             if candidates:
                 chosen_skill[start // g] = self.bank.choose(candidates, c=self.skill_cfg.ucb_c)
-        usable = by_length(usable, inputs.trajectories, enabled=self.cfg.sort_by_length)
+        usable = by_length(usable, inputs.trajectories, enabled=self.cfg.sort_by_length, by_prefix=self.cfg.share_prefix)
         rows = [inputs.trajectories[i] for i in usable]
         prompts = []
         for i, traj in zip(usable, rows, strict=True):
@@ -195,11 +194,13 @@ class SkillSD:
         device = self.policies.device
         teacher_prompts = [p if p is not None else _plain_prompt(t) for p, t in zip(prompts, rows, strict=True)]
         advantages = group_advantages(inputs, usable, device)
-        parts = micro_batches(len(rows), self.cfg.micro_batch)
-        batches, n_tokens = paired_micro_batches(self.policies, rows, teacher_prompts, self.cfg.micro_batch)
+        parts = step_slices(rows, self.cfg.micro_batch, by_prefix=self.cfg.share_prefix)
+        batches, n_tokens = paired_micro_batches(self.policies, rows, teacher_prompts, self.cfg.micro_batch,
+                                                 by_prefix=self.cfg.share_prefix)
+        forwards = StudentForwards(self.policies, [s for _, s in batches], share=self.cfg.share_prefix)
         loss_sum, ppo_sum, kl_sum = 0.0, 0.0, 0.0
         deltas, masks = [], []  # per rollout, for the bandit update
-        for part, (t_batch, s_batch) in zip(parts, batches, strict=True):  # Σ (slice sum / all tokens)
+        for k, (part, (t_batch, s_batch)) in enumerate(zip(parts, batches, strict=True)):  # Σ (slice sum / all tokens)
             mask, targets = s_batch.mask, s_batch.target_ids[s_batch.mask.bool()]
             # --- teacher: the live student with the skill, no grad -------------------------------------
             with timer("teacher"), torch.no_grad():
@@ -210,7 +211,7 @@ class SkillSD:
             # --- student: PPO-clip + λ·IS-weighted sampled-token reverse KL ------------------------------
             with timer("student"):
                 self.policies.train_mode(True)
-                s_lp = student_logprobs(self.policies, s_batch)
+                s_lp = forwards.logprobs(k)
                 token_lp = to_padded(gather_tokens(s_lp, targets), mask)
                 del s_lp
                 ppo = losses.ppo_clip_loss(token_lp, token_lp.detach(), advantages[part][:, None],
@@ -227,6 +228,7 @@ class SkillSD:
             masks += list(mask)
             del token_lp, ppo, kl, loss, teacher_token, delta
         with timer("student"):  # one optimizer step for the whole batch
+            forwards.finish()
             grad_norm = clip_and_step(self.policies.student_parameters(), self.optimizer, max_norm=self.cfg.grad_clip)
             self.policies.train_mode(False)
         # --- bandit update: outcome-signed privilege of the chosen skill on its group --------------------
