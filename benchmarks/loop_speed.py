@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="config override KEY=VALUE (both variants)")
     parser.add_argument("--bank-episodes", type=Path, action="append", default=[])
     parser.add_argument("--variants", default="before,after")
+    parser.add_argument("--before-from", type=Path,
+                        help="take the before run from this earlier loop_speed.json (same machine, alone) instead of re-running it")
     parser.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks scored after each run (not timed)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=RESULTS / "loop_speed.json")
@@ -131,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _comparison(args, _overrides(args.set))  # the bank (and its base evaluation is not needed)
     runs = {}
-    for variant in args.variants.split(","):
+    if args.before_from:
+        earlier = json.loads(args.before_from.read_text())
+        runs["before"] = {**earlier["runs"]["before"], "measured": earlier["created"]}
+    for variant in [v for v in args.variants.split(",") if not (args.before_from and v == "before")]:
         cmd = [sys.executable, "-m", "benchmarks.loop_speed", *(argv or sys.argv[1:]), "--variant", variant]
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ})
         lines = [line for line in done.stdout.splitlines() if line.startswith("LOOP_SPEED ")]

@@ -284,7 +284,7 @@ class LOPDConfig(_Section):
     experience_max_tokens: int = Field(256, ge=16)
     """Encoder input per experience is truncated to this many tokens."""
     reuse_teacher_forward: bool = True
-    """Per micro-batch, run the teacher once with the composer graph: its detached top-M supervises the student and its graph gives the composer's loss (the same numbers, one teacher and one encoder forward fewer; off = separate teacher and composer forwards)."""
+    """Per micro-batch, run the teacher once with the composer graph: its detached top-M supervises the student and its graph gives the composer's loss (the same numbers, one teacher and one encoder forward fewer, the graph held through the student's forward; off = separate teacher and composer forwards)."""
     encoder_micro_batch: int = Field(0, ge=0)
     """Encode at most this many experiences per encoder forward (0 = all J·B at once)."""
     teacher_prefix_cache: bool = True
