@@ -68,8 +68,9 @@ def _scalar(value: Tensor) -> float:
 class TeacherPrefix:
     """Keys/values of the teacher prompt before the earliest latent span of the batch (no grad).
 
-    Nothing before the span depends on φ (attention is causal), so this part is computed once per batch
-    and reused by every teacher forward of the step: the composer-phase forward and its backward then run
+    Nothing before the span depends on φ or on anything else that trains (attention is causal), so this
+    part comes from the run's :class:`~lopd_core.algorithms.prefix.FrozenPrefixCache` and is reused by every
+    teacher forward of the step: the composer-phase forward and its backward then run
     only from the span on. In agent prompts the system message with the tool schemas is most of the prompt.
     """
 

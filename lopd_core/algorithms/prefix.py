@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from lopd_core.algorithms.batch import SequenceBatch
-from lopd_core.models.policy import PolicySet, causal_lm_parts, hidden_states, logprobs_at
+from lopd_core.algorithms.logprobs import student_logprobs
+from lopd_core.models.policy import PolicySet, causal_lm_parts, logprobs_at
 
 MIN_SHARED = 64
 """Prefixes shorter than this many tokens are not worth a separate forward."""
@@ -246,11 +247,10 @@ class StudentForwards:
     def logprobs(self, index: int) -> Tensor:
         group, length = self.plan[index]
         batch = self.batches[index]
+        if length == 0:
+            self._flush()
+            return student_logprobs(self.policies, batch)
         with self.policies.student() as model:
-            if length == 0:
-                self._flush()
-                hidden = hidden_states(model, input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-                return logprobs_at(model, hidden, batch.predict_index, batch.mask)
             if group != self._group:
                 self._flush()
                 self._prefix = _GradPrefix.run(model, batch.input_ids[:1, :length])
