@@ -9,15 +9,9 @@ from __future__ import annotations
 import torch
 
 from lopd_core.algorithms.batch import student_batch
+from lopd_core.algorithms.grouping import grouped_slices, prefix_groups, prefix_order
 from lopd_core.algorithms.logprobs import gather_tokens, student_logprobs
-from lopd_core.algorithms.prefix import (
-    FrozenPrefixCache,
-    StudentForwards,
-    grouped_slices,
-    plan_prefixes,
-    prefix_groups,
-    prefix_order,
-)
+from lopd_core.algorithms.prefix import FrozenPrefixCache, StudentForwards, plan_prefixes
 from lopd_core.algorithms.synthetic import make_trajectory
 from lopd_core.config import load_config
 from lopd_core.models.policy import build_policy_set

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from lopd_core.algorithms.grouping import grouped_slices, prefix_groups, prefix_order
 from lopd_core.envs.base import Task
 from lopd_core.records.experience import Experience, Retriever
 from lopd_core.records.trajectory import Trajectory
@@ -75,12 +76,10 @@ def by_length(indices: Iterable[int], trajectories: Sequence[Trajectory], *, ena
     Consecutive micro-batches then hold rollouts of similar length, so padding each to its longest costs
     little. With ``by_prefix`` (``distill.share_prefix``) rollouts whose prompts share a long prefix (a
     domain's system message and worked examples) come together first, shortest first inside each group
-    (:func:`lopd_core.algorithms.prefix.prefix_order`). Every update divides each micro-batch's loss sum by the
+    (:func:`lopd_core.algorithms.grouping.prefix_order`). Every update divides each micro-batch's loss sum by the
     step's token total, so the order changes the step only by the order of float sums."""
     indices = list(indices)
     if by_prefix:
-        from lopd_core.algorithms.prefix import prefix_order
-
         return [indices[k] for k in prefix_order([trajectories[i].token_ids for i in indices], by_length=enabled)]
     return sorted(indices, key=lambda i: len(trajectories[i].token_ids)) if enabled else indices
 
@@ -92,8 +91,6 @@ def step_slices(rows: Sequence[Trajectory], size: int, *, by_prefix: bool = Fals
 
     Every method's student update runs one forward/backward per slice and divides each slice's loss sum by
     the step's total token count, so the accumulated gradient is the whole batch's (less activation memory)."""
-    from lopd_core.algorithms.prefix import grouped_slices, prefix_groups
-
     groups = prefix_groups([r.token_ids for r in rows]) if by_prefix else [0] * len(rows)
     return grouped_slices(groups, size)
 

@@ -13,8 +13,7 @@ causal, so the keys and values of that prefix are the same for every sequence th
   micro-batches of its group (``distill.share_prefix``).
 - :class:`FrozenPrefixCache` keeps the frozen teacher's keys and values of prompt prefixes across steps
   (they depend on nothing that trains).
-- :func:`prefix_groups` and :func:`grouped_slices` put rollouts that share a prefix next to each other and
-  cut micro-batches at group boundaries.
+- Which rollouts share a prefix, and where micro-batches are cut, is :mod:`lopd_core.algorithms.grouping`.
 
 What it is not: no losses, no adapter logic beyond "run under the caller's adapter".
 """
@@ -29,62 +28,11 @@ import torch
 from torch import Tensor
 
 from lopd_core.algorithms.batch import SequenceBatch
+from lopd_core.algorithms.grouping import MIN_SHARED
 from lopd_core.algorithms.logprobs import student_logprobs
 from lopd_core.models.policy import PolicySet, causal_lm_parts, logprobs_at
 
-MIN_SHARED = 64
-"""Prefixes shorter than this many tokens are not worth a separate forward."""
-
 KeyValues = list[tuple[Tensor, Tensor]]
-
-
-# --------------------------------------------------------------------------------------------------
-# Ordering rollouts
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-def prefix_groups(sequences: Sequence[Sequence[int]], *, min_length: int = MIN_SHARED) -> list[int]:
-    """A group id per sequence: consecutive sequences sharing ≥ ``min_length`` leading tokens with the group's
-    first one share the id (order the sequences with :func:`prefix_order` first)."""
-    groups: list[int] = []
-    first: Sequence[int] | None = None
-    for seq in sequences:
-        if first is not None and common_prefix(first, seq) >= min_length:
-            groups.append(groups[-1])
-        else:
-            first = seq
-            groups.append(groups[-1] + 1 if groups else 0)
-    return groups
-
-
-def prefix_order(sequences: Sequence[Sequence[int]], *, by_length: bool = True,
-                 min_length: int = MIN_SHARED) -> list[int]:
-    """Indices of ``sequences`` with those sharing a prompt prefix adjacent, shortest first inside a group.
-
-    Sorting the token lists puts sequences with a common prefix next to each other (trie order); groups keep
-    the order of their first member's ids, and inside a group sequences go by length (little padding)."""
-    lexical = sorted(range(len(sequences)), key=lambda i: list(sequences[i]))
-    groups = prefix_groups([sequences[i] for i in lexical], min_length=min_length)
-    key = {i: (g, len(sequences[i]) if by_length else 0) for i, g in zip(lexical, groups, strict=True)}
-    return sorted(lexical, key=lambda i: key[i])
-
-
-def grouped_slices(groups: Sequence[int], size: int) -> list[slice]:
-    """Consecutive slices of at most ``size`` that never cross a group boundary (``size`` 0: one slice of all,
-    as ``distill.micro_batch: 0`` says)."""
-    if size <= 0:
-        return [slice(0, len(groups))] if groups else []
-    out, start = [], 0
-    for i in range(1, len(groups) + 1):
-        if i == len(groups) or groups[i] != groups[start] or i - start == size:
-            out.append(slice(start, i))
-            start = i
-    return out
 
 
 # --------------------------------------------------------------------------------------------------
