@@ -10,6 +10,7 @@ every step: ``rollout.engine_sync=weights``), micro-batches grouped by shared pr
 length, each shared prefix run once per step, one teacher forward per micro-batch. Both variants keep the
 teacher's prefix cache across steps (slightly flattering ``before``). Training runs in fp32 in both: bf16
 autocast fails the per-token δ bar on SmolLM2 (``benchmarks/results/precision_parity.json``).
+``after_eager`` (with ``--variants``): ``after`` with the engine uncompiled (``rollout.engine_eager``).
 
 The bank and the cold-started composer come from a comparison root (``lopd compare``'s ``--root``; built there
 if missing, not timed); each variant then trains ``--steps`` steps of LOPD in its own subprocess (a fresh
@@ -44,6 +45,7 @@ VARIANTS = {
     "after": {"rollout.engine": "vllm", "rollout.engine_dtype": "bfloat16", "rollout.engine_sync": "weights",
               "distill.sort_by_length": "true", "distill.share_prefix": "true", "distill.lopd.reuse_teacher_forward": "true"},
 }
+VARIANTS["after_eager"] = {**VARIANTS["after"], "rollout.engine_eager": "true"}  # no torch.compile: ~6 s start, slower decode
 PHASES = {"rollouts": "rollout/wall_s", "teacher": "distill/time_teacher_s", "student": "distill/time_student_s",
           "composer": "distill/time_composer_s"}
 
@@ -155,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps, "runs": runs,
         "run_before_s": before and before["wall_s"], "run_after_s": after and after["wall_s"],
         "speedup": before["wall_s"] / after["wall_s"] if before and after else None,
+        "speedup_eager_engine": (before["wall_s"] / runs["after_eager"]["wall_s"]) if before and "after_eager" in runs else None,
         "step_tokens_per_s_ratio": (after["step_tokens_per_s"] / before["step_tokens_per_s"]) if before and after else None,
         "vllm_in_loop_vs_hf": (after["generated_tokens_per_s"] / before["generated_tokens_per_s"]) if before and after else None,
         "opsd_vs_trl": _opsd_vs_trl(trl),

@@ -21,7 +21,8 @@ class RecordingVLLM:
     name = "vllm"
     built: list[RecordingVLLM] = []
 
-    def __init__(self, model_path, *, batch_size, dtype, device, max_model_len, policy_sync=None):
+    def __init__(self, model_path, *, batch_size, dtype, device, max_model_len, policy_sync=None, enforce_eager=False):
+        self.enforce_eager = enforce_eager
         self.model_path, self.dtype, self.device, self.max_model_len = str(model_path), dtype, device, max_model_len
         self.batch_size, self.policy_sync, self.holds_base, self.policy_version = batch_size, policy_sync, True, "base"
         self.synced: list[tuple[str, str]] = []
@@ -80,8 +81,12 @@ def test_one_engine_per_process_in_the_model_dtype_synced_to_each_use(smoke_conf
     assert _make_engine(cfg, policies) is engine
     (built,) = recording_vllm.built
     assert (built.dtype, built.policy_sync, built.model_path) == ("bfloat16", "weights", str(policies.base_path))
-    assert built.max_model_len == cfg.rollout.max_trajectory_tokens + 16
+    assert built.max_model_len == cfg.rollout.max_trajectory_tokens + 16 and built.enforce_eager is False
     # another sync mode is another engine (never one engine switched between modes)
     lora = cfg.with_overrides({"model.student": "lora", "rollout.engine_sync": "lora"})
     with policy_engine(lora, build_policies(lora, models_dir=Path(lora.workspace.models_dir)), weights="base") as other:
         assert other is not engine and other.policy_sync == "lora" and len(recording_vllm.built) == 2
+    # so is an uncompiled one (rollout.engine_eager)
+    eager = cfg.with_overrides({"rollout.engine_eager": "true"})
+    with policy_engine(eager, policies, weights="base") as third:
+        assert third.enforce_eager is True and len(recording_vllm.built) == 3

@@ -70,14 +70,14 @@ _SHARED: dict[tuple, Engine] = {}
 
 
 def shared_vllm_engine(model_path: str | Path, *, dtype: str, device: str, max_model_len: int,
-                       batch_size: int, policy_sync: str | None = None) -> Engine:
-    """The process's vLLM engine for this model, dtype, context length and sync mode (created on first use;
-    vLLM does not free an ``LLM`` on delete, so a process builds one and keeps it)."""
-    key = (str(model_path), dtype, device, max_model_len, policy_sync)
+                       batch_size: int, policy_sync: str | None = None, eager: bool = False) -> Engine:
+    """The process's vLLM engine for this model, dtype, context length, sync mode and compilation (created on
+    first use; vLLM does not free an ``LLM`` on delete, so a process builds one and keeps it)."""
+    key = (str(model_path), dtype, device, max_model_len, policy_sync, eager)
     if key not in _SHARED:
         vllm_dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(dtype, "auto")
         _SHARED[key] = VLLMEngine(model_path, batch_size=batch_size, dtype=vllm_dtype, device=device,
-                                  max_model_len=max_model_len, policy_sync=policy_sync)
+                                  max_model_len=max_model_len, policy_sync=policy_sync, enforce_eager=eager)
     engine = _SHARED[key]
     engine.batch_size = batch_size
     return engine
@@ -116,7 +116,8 @@ def training_vllm_engine(cfg: Config, policies: PolicySet) -> Engine:
         return _SHARED[key]
     return shared_vllm_engine(policies.base_path, dtype=engine_dtype(cfg), device=cfg.model.device,
                               max_model_len=cfg.rollout.max_trajectory_tokens + 16,
-                              batch_size=cfg.rollout.batch_size, policy_sync=engine_sync(cfg))
+                              batch_size=cfg.rollout.batch_size, policy_sync=engine_sync(cfg),
+                              eager=cfg.rollout.engine_eager)
 
 
 @contextlib.contextmanager
