@@ -6,7 +6,8 @@ warm-up:
 
 1. **LOPD step** (:class:`lopd_core.algorithms.lopd.LOPD`): wall time of the teacher, student and composer
    phases and supervised tokens/s; the anchor cache is emptied before every repeat, as in training where
-   each step brings new (task, experience) pairs. Also with ``distill.lopd.reuse_teacher_forward``.
+   each step brings new (task, experience) pairs. Also with separate teacher and composer forwards
+   (``distill.lopd.reuse_teacher_forward: false``, the default before 2026-12-06).
 2. **Cold-start step** (:class:`lopd_core.algorithms.cold_start.ColdStart`, ``cold_start.batch_size``
    trajectories) and the configured number of steps × its median: the cold start's share of a demo cycle.
 3. **OPSD-style step** (:class:`lopd_core.algorithms.opsd.OPSD`, forward KL, frozen teacher with a short
@@ -20,6 +21,8 @@ warm-up:
 
     python -m benchmarks.distill_throughput             # B=8, ~1,000-token trajectories, 3 repeats
     python -m benchmarks.distill_throughput --quick     # B=2, ~300 tokens, 2 repeats (a few minutes)
+    python -m benchmarks.distill_throughput --episodes E.jsonl --parts opsd,trl --name opsd_vs_trl
+                                                        # real toolworld episodes, OPSD-style vs TRL only
 
 TRL comes from ``requirements/bench.txt`` (``make bench`` installs it); without it the TRL rows are skipped
 and the result says so. Peak memory is in :mod:`benchmarks.distill_memory`.
@@ -220,23 +223,44 @@ def run_trl_gkd(cfg, size) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_size_arguments(parser, quick_help="B=2, ~300-token trajectories, 2 repeats")
+    parser.add_argument("--parts", default="lopd,cold_start,opsd,trl",
+                        help="which steps to time (comma-separated of lopd, cold_start, opsd, trl)")
+    parser.add_argument("--name", default="distill_throughput", help="result file benchmarks/results/NAME.json")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if parts - {"lopd", "cold_start", "opsd", "trl"}:
+        raise SystemExit(f"--parts: unknown {sorted(parts - {'lopd', 'cold_start', 'opsd', 'trl'})}")
     size = sizes(args)
     cfg = config_for(args.model, size)
     peak = matmul_peak_flops()
     print(f"matmul peak {peak / 1e9:.1f} GFLOP/s", flush=True)
-    lopd = run_lopd(cfg, size)
-    print(f"lopd step {lopd['median_s']:.2f} s  phases {lopd['phase_median_s']}", flush=True)
-    lopd_reuse = run_lopd(cfg.with_overrides({"distill.lopd.reuse_teacher_forward": True}), size)
-    print(f"lopd step (reuse teacher forward) {lopd_reuse['median_s']:.2f} s", flush=True)
-    cold = run_cold_start(cfg, size)
-    print(f"cold-start step {cold['median_s']:.2f} s (x{cold['configured_steps']} ≈ {cold['estimated_cold_start_s'] / 60:.1f} min)",
-          flush=True)
-    opsd = run_opsd(cfg, size)
-    print(f"opsd-style step {opsd['median_s']:.2f} s", flush=True)
-    gkd = run_trl_gkd(cfg, size)
-    print(f"trl gkd step {gkd.get('median_s', float('nan')):.2f} s", flush=True)
+    summary: dict = {"sizes": size, "model": args.model, "matmul_peak_flops": peak}
+    if "lopd" in parts:
+        lopd = run_lopd(cfg, size)
+        print(f"lopd step {lopd['median_s']:.2f} s  phases {lopd['phase_median_s']}", flush=True)
+        lopd_separate = run_lopd(cfg.with_overrides({"distill.lopd.reuse_teacher_forward": False}), size)
+        print(f"lopd step (separate teacher and composer forwards) {lopd_separate['median_s']:.2f} s", flush=True)
+        summary |= {"lopd_step": lopd, "lopd_step_separate_teacher_forward": lopd_separate,
+                    "ratio_separate_over_reuse": lopd_separate["median_s"] / lopd["median_s"], **_flops(lopd, peak)}
+    if "cold_start" in parts:
+        cold = run_cold_start(cfg, size)
+        print(f"cold-start step {cold['median_s']:.2f} s (x{cold['configured_steps']} ≈ "
+              f"{cold['estimated_cold_start_s'] / 60:.1f} min)", flush=True)
+        summary["cold_start_step"] = cold
+    if "opsd" in parts:
+        summary["opsd_step"] = run_opsd(cfg, size)
+        print(f"opsd-style step {summary['opsd_step']['median_s']:.2f} s", flush=True)
+    if "trl" in parts:
+        summary["trl_gkd_step"] = gkd = run_trl_gkd(cfg, size)
+        print(f"trl gkd step {gkd.get('median_s', float('nan')):.2f} s", flush=True)
+        if "opsd_step" in summary and "median_s" in gkd:
+            summary["ratio_trl_gkd_over_opsd"] = gkd["median_s"] / summary["opsd_step"]["median_s"]
+    path = write_result(args.name, summary)
+    print(f"ratio TRL GKD / OPSD-style: {summary.get('ratio_trl_gkd_over_opsd')}  → {path}")
 
+
+def _flops(lopd: dict, peak: float) -> dict:
+    """Achieved FLOP/s of the LOPD step: the issue's 12·N per supervised token, and a work-based count."""
     n = lopd["parameters"]
     issue_flops = 12 * n * lopd["supervised_tokens"]
     # Work-based matmul count with N_lin = N − V·d (the embedding lookup is no matmul; the tied LM head runs only at
@@ -248,20 +272,10 @@ def main() -> None:
     composer_teacher = lopd["teacher_tokens"] - lopd["teacher_prefix_tokens"]
     work_flops = (n_lin * (8 * lopd["encoder_tokens"] + 2 * lopd["teacher_tokens"] + 4 * composer_teacher
                            + 4 * lopd["student_tokens"]) + 10 * head * lopd["supervised_tokens"])
-    summary = {
-        "sizes": size, "model": args.model, "matmul_peak_flops": peak,
-        "lopd_step": lopd, "lopd_step_reuse_teacher_forward": lopd_reuse,
-        "cold_start_step": cold, "opsd_step": opsd, "trl_gkd_step": gkd,
-        "ratio_trl_gkd_over_opsd": (gkd["median_s"] / opsd["median_s"]) if "median_s" in gkd else None,
-        "ratio_lopd_over_lopd_reuse": lopd["median_s"] / lopd_reuse["median_s"],
-        "lopd_flops_12N_per_supervised_token": issue_flops / lopd["median_s"],
-        "lopd_fraction_of_peak_12N": issue_flops / lopd["median_s"] / peak,
-        "lopd_flops_work_based": work_flops / lopd["median_s"],
-        "lopd_fraction_of_peak_work_based": work_flops / lopd["median_s"] / peak,
-    }
-    path = write_result("distill_throughput", summary)
-    print(f"ratio TRL GKD / OPSD-style: {summary['ratio_trl_gkd_over_opsd']}  "
-          f"LOPD at {summary['lopd_fraction_of_peak_12N']:.1%} of peak (12N)  → {path}")
+    return {"lopd_flops_12N_per_supervised_token": issue_flops / lopd["median_s"],
+            "lopd_fraction_of_peak_12N": issue_flops / lopd["median_s"] / peak,
+            "lopd_flops_work_based": work_flops / lopd["median_s"],
+            "lopd_fraction_of_peak_work_based": work_flops / lopd["median_s"] / peak}
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ after another in one process, so each gets both cores (``OMP_NUM_THREADS=2``; vL
 threads to them while it generates, torch uses them while it trains).
 
 Writes ``benchmarks/results/loop_speed.json`` (``run_before_s``, ``run_after_s``, ``speedup``,
-``step_tokens_per_s_ratio``, ``opsd_vs_trl`` from ``distill_throughput.json``, ``vllm_in_loop_vs_hf``).
+``step_tokens_per_s_ratio``, ``opsd_vs_trl`` from ``opsd_vs_trl.json`` (real toolworld episodes) or else
+``distill_throughput.json`` (a synthetic batch), ``vllm_in_loop_vs_hf``).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         runs[variant] = json.loads(lines[-1].removeprefix("LOOP_SPEED "))
         print(json.dumps(runs[variant], indent=2), flush=True)
     before, after = runs.get("before"), runs.get("after")
-    trl = json.loads((RESULTS / "distill_throughput.json").read_text()) if (RESULTS / "distill_throughput.json").exists() else {}
+    trl_files = [RESULTS / name for name in ("opsd_vs_trl.json", "distill_throughput.json")]
+    trl = next((json.loads(f.read_text()) for f in trl_files if f.exists()), {})
     report = {
         "benchmark": "loop_speed",
         "command": portable("python -m benchmarks.loop_speed " + " ".join(argv or sys.argv[1:]), lopd_home()),
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _opsd_vs_trl(trl: dict) -> float | None:
-    """TRL GKDTrainer's step time over ours, from distill_throughput.json (None when not measured)."""
+    """TRL GKDTrainer's step time over ours (None when not measured)."""
     value = trl.get("ratio_trl_gkd_over_opsd")
     return float(value) if isinstance(value, int | float) else None
 
