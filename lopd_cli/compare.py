@@ -12,6 +12,7 @@ import typer
 
 from lopd_cli.common import (
     JsonFlag,
+    engine_line,
     Overrides,
     Profile,
     emit_json,
@@ -51,9 +52,11 @@ def compare(
     except ValueError as e:
         fail(f"--{e}", code=2)
     ws = workspace(cfg)
-    if not report_only:  # runs a killed comparison left RUNNING are marked KILLED before it resumes them
+    if not report_only:
+        log(engine_line(cfg))
         from lopd_core.operations import reap
 
+        # runs a killed comparison left RUNNING are marked KILLED before it resumes them
         for r in reap(cfg)["mlflow_runs"]:
             log(f"reaper: MLflow run {r['run_name'] or r['run_id']} marked KILLED: {r['reason']}")
     root = root or ws.home / "compare" / suite

