@@ -127,10 +127,11 @@ def machine() -> dict:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
-def write_result(name: str, payload: dict) -> Path:
+def write_result(name: str, payload: dict, *, module: str = "") -> Path:
+    """``benchmarks/results/<name>.json`` with the command (``python -m benchmarks.<module or name> …``)."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
-    payload = {"benchmark": name, "command": "python -m benchmarks." + name + " " + " ".join(sys.argv[1:]),
+    payload = {"benchmark": name, "command": f"python -m benchmarks.{module or name} " + " ".join(sys.argv[1:]),
                "created": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(), **payload}
     from lopd_core.workspace import lopd_home, portable
 

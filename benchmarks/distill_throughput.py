@@ -13,7 +13,8 @@ warm-up:
 3. **OPSD-style step** (:class:`lopd_core.algorithms.opsd.OPSD`, forward KL, frozen teacher with a short
    reference in the system message) against **TRL's GKDTrainer** doing the same student update — LoRA of
    the same rank on the same base model, forward KL (GKD ``beta = 0``, ``lmbda = 0``: no generation), the
-   same batch and token mask, AdamW step and gradient clip — timed as ``training_step`` + optimizer step.
+   same batch and token mask in micro-batches of ``distill.micro_batch`` with gradient accumulation (as ours;
+   B = 8 at once took > 20 GB in TRL here), AdamW step and gradient clip — timed as ``training_step`` + optimizer step.
    ``ratio = TRL time / our time`` (goal ≥ 1.2).
 4. **Achieved FLOP/s** of the LOPD step, ``12·N·supervised tokens / step time`` (the issue's accounting), and
    a work-based count (2N per token per forward, 4N per token per backward to the inputs, over every token
@@ -182,25 +183,32 @@ def build_trl_gkd(cfg, size, workdir: str):
     trainer = GKDTrainer(model=student, teacher_model=teacher, args=args, train_dataset=dataset,
                          processing_class=tok, peft_config=lora)
     trainer.create_optimizer()
-    trainer.current_gradient_accumulation_steps = 1  # normally set by Trainer.train's loop
     device = next(trainer.model.parameters()).device
-    # the same ids and supervised tokens as ours: labels = ids at assistant positions, −100 elsewhere
-    batch = student_batch(rows, pad_id=tok.pad_token_id, device=device)
-    labels = torch.full_like(batch.input_ids, -100)
-    for b, r in enumerate(rows):
-        mask = torch.tensor(r.assistant_mask, dtype=torch.bool, device=device)
-        labels[b, : len(r.token_ids)][mask] = batch.input_ids[b, : len(r.token_ids)][mask]
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "labels": labels}
+    # the same ids and supervised tokens as ours: labels = ids at assistant positions, −100 elsewhere; the batch
+    # in micro-batches of distill.micro_batch with gradient accumulation, as ours (B = 8 whole needs > 20 GB here)
+    size = cfg.distill.micro_batch or len(rows)
+    chunks = []
+    for start in range(0, len(rows), size):
+        part = rows[start:start + size]
+        batch = student_batch(part, pad_id=tok.pad_token_id, device=device)
+        labels = torch.full_like(batch.input_ids, -100)
+        for b, r in enumerate(part):
+            mask = torch.tensor(r.assistant_mask, dtype=torch.bool, device=device)
+            labels[b, : len(r.token_ids)][mask] = batch.input_ids[b, : len(r.token_ids)][mask]
+        chunks.append(({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "labels": labels},
+                       batch.n_tokens))
+    trainer.current_gradient_accumulation_steps = len(chunks)  # normally set by Trainer.train's loop
     params = [p for p in trainer.model.parameters() if p.requires_grad]
 
     def step():
-        loss = trainer.training_step(trainer.model, dict(inputs))
+        loss = sum(float(trainer.training_step(trainer.model, dict(inputs))) for inputs, _ in chunks)
         torch.nn.utils.clip_grad_norm_(params, cfg.distill.grad_clip)
         trainer.optimizer.step()
         trainer.optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return loss
 
-    return step, {"trl_version": trl.__version__, "supervised_tokens": float(batch.n_tokens)}
+    return step, {"trl_version": trl.__version__, "supervised_tokens": float(sum(n for _, n in chunks)),
+                  "micro_batch": size}
 
 
 def run_trl_gkd(cfg, size) -> dict:
@@ -255,7 +263,7 @@ def main() -> None:
         print(f"trl gkd step {gkd.get('median_s', float('nan')):.2f} s", flush=True)
         if "opsd_step" in summary and "median_s" in gkd:
             summary["ratio_trl_gkd_over_opsd"] = gkd["median_s"] / summary["opsd_step"]["median_s"]
-    path = write_result(args.name, summary)
+    path = write_result(args.name, summary, module="distill_throughput")
     print(f"ratio TRL GKD / OPSD-style: {summary.get('ratio_trl_gkd_over_opsd')}  → {path}")
 
 
