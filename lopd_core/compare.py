@@ -388,7 +388,7 @@ class Comparison:
         curve = [json.loads(line) for line in curve_file.read_text().splitlines()]
         pretraining = bank_info["episodes"] if uses_bank else 0
         summary = {"run": spec.key, "name": spec.name, "method": spec.method, "seed": spec.seed,
-                   "overrides": spec.overrides, "budget": self.budget, "steps": cfg.distill.steps,
+                   "overrides": spec.overrides, "budget": self.budget, "steps": result.last_step + 1,
                    "pretraining_episodes": pretraining,
                    "skill_generations": result.budget.get("skill_generations", 0.0),
                    "episodes": result.budget.get("episodes", 0.0),

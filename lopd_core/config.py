@@ -318,7 +318,7 @@ class GRPOConfig(_Section):
     epochs: int = Field(1, ge=1)
     """PPO epochs over each step's rollouts (≥ 2 makes the clip active; the first epoch's ratio is 1)."""
     top_up: int = Field(0, ge=0)
-    """Replace groups whose rewards do not vary (no signal) by fresh groups, at most this many extra groups per step (counted in the budget); 0 = off."""
+    """Replace groups whose rewards do not vary (no signal) by fresh groups, at most this many extra groups per step; they are paid from the run's episode budget (steps × B), so the run takes fewer steps; 0 = off."""
 
 
 class OPSDConfig(_Section):

@@ -153,7 +153,8 @@ class HeldOutCurve:
 
     def __call__(self, step: int, metrics: dict[str, float], trajectories: list[Trajectory]) -> None:
         n = step + 1
-        due = n % self.every == 0 or n == self.cfg.distill.steps or n in self.extra_steps
+        due = (n % self.every == 0 or n == self.cfg.distill.steps or n in self.extra_steps
+               or bool(metrics.get("budget/last_step")))  # a run whose budget is spent before its last step
         if not due or n in self.done_steps:
             return
         with preserved_rng():

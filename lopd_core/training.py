@@ -390,8 +390,17 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
             return oracle_experience(tok, suite, task, max_chars=cfg.rollout.observation_max_chars)
     checkpoint, last_metrics = (info.path if info else None), {}
 
+    # the run's training-episode budget is steps × B; extra episodes (GRPO's top-ups) are paid from it, so a
+    # method that plays more per step takes fewer steps and every method ends with at most the same episodes
+    episode_budget = float(d.steps * tasks_per_step * g)
+    step_cost = float(tasks_per_step * g) if plays else float(d.tasks_per_step)
+    last_step = start_step - 1
     bar = tqdm(range(start_step, d.steps), desc=f"{d.method} steps", unit="step", disable=not progress or not lead)
     for step in bar:
+        if budget["episodes"] + step_cost > episode_budget:
+            log.info("%s: the episode budget (%d = steps x B) is spent after %d of %d steps (%d episodes played, "
+                     "top-ups included); the run ends here", d.method, episode_budget, step, d.steps, budget["episodes"])
+            break
         # --- rollouts: B/G tasks × G episodes on the current student -----------------------------------
         step_tasks = [pool[(cursor + k) % len(pool)] for k in range(tasks_per_step)]
         cursor += tasks_per_step
@@ -406,9 +415,14 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
             trajectories = [t for part in distributed.gather_objects(trajectories) for t in part]
         top_ups = []
 
-        def play_more(groups: int, step=step, version=version, top_ups=top_ups) -> tuple[list, list[Trajectory]]:
-            """The next ``groups`` tasks of the order, G episodes each (GRPO's top-up), counted in the budget."""
+        def play_more(groups: int, step=step, version=version, top_ups=top_ups,
+                      played_so_far=len(trajectories)) -> tuple[list, list[Trajectory]]:
+            """The next ``groups`` tasks of the order, G episodes each (GRPO's top-up), paid from the budget."""
             nonlocal cursor
+            left = episode_budget - budget["episodes"] - played_so_far - len(top_ups)
+            groups = max(0, min(groups, int(left // g)))
+            if not groups:  # the budget is spent: no top-up
+                return [], []
             more = [pool[(cursor + k) % len(pool)] for k in range(groups)]
             cursor += groups
             more_tasks = [t for t in more for _ in range(g)]
@@ -445,6 +459,9 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
                         "budget/skill_generations": budget["skill_generations"],
                         "budget/total_units": budget["episodes"] + budget["skill_generations"]
                         + budget["pretraining_episodes"]})
+        # the run's last step: the configured last, or the budget cannot pay for another (the curve evaluates it)
+        final = step + 1 == d.steps or budget["episodes"] + step_cost > episode_budget
+        metrics["budget/last_step"] = float(final)
         last_metrics = metrics
         if lead:
             logger.log(metrics, step=step)
@@ -452,7 +469,8 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
         # (same seeds, same ids), a crash after it never loses them
         if on_step is not None and lead:
             on_step(step, metrics, trajectories)
-        if lead and ((step + 1) % d.checkpoint_every == 0 or step + 1 == d.steps):
+        last_step = step
+        if lead and ((step + 1) % d.checkpoint_every == 0 or final):
             checkpoint = save_checkpoint(run_dir, step=step, policies=policies, algorithm=algorithm, cfg=cfg,
                                          cursor=cursor, composer=composer if needs_composer(cfg) else None,
                                          table_version=table_version, budget=budget, keep=d.keep_checkpoints)
@@ -472,13 +490,13 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
     composer_dir = None
     if composer is not None and lead:
         composer.info.setdefault("joint_steps", 0)
-        composer.info["joint_steps"] = int(composer.info["joint_steps"]) + (d.steps - start_step)
+        composer.info["joint_steps"] = int(composer.info["joint_steps"]) + (last_step + 1 - start_step)
         composer_dir = run_dir / "final" / "composer"
         save_composer(policies, composer, composer_dir)
     if lead and on_checkpoint is not None:
         on_checkpoint(run_dir / "final")
     return TrainResult(run_dir=run_dir, student_dir=student_dir, composer_dir=composer_dir, first_step=start_step,
-                       last_step=d.steps - 1, metrics=last_metrics, history=[m for _, m in history.records],
+                       last_step=last_step, metrics=last_metrics, history=[m for _, m in history.records],
                        budget=budget, table_version=table_version, checkpoint=checkpoint, resumed=info is not None)
 
 

@@ -15,6 +15,7 @@ from lopd_core.config import load_config
 from lopd_core.envs import get_suite
 from lopd_core.memory.in_memory import InMemoryRetriever
 from lopd_core.metrics import JsonlLogger
+from lopd_core.recipe import HeldOutCurve
 from lopd_core.records.experience import Bank
 from lopd_core.rollout.oracle import oracle_episode
 from lopd_core.training import cold_start, train
@@ -94,6 +95,23 @@ def test_budget_is_b_episodes_per_step_for_every_method(tmp_path, models_dir, ba
     assert h["budget/episodes_step"] == cfg.distill.tasks_per_step
     assert h["budget/pretraining_episodes"] == 6 and h["budget/total_units"] == cfg.distill.tasks_per_step + 6
     assert result.composer_dir is None and (result.student_dir / "lopd_student.json").exists()
+
+
+def test_grpo_top_ups_are_paid_from_the_episode_budget(tmp_path, models_dir, bank):
+    suite, trajectories, retriever = bank
+    # the tiny model never succeeds, so every group lacks reward spread and asks for its top-ups
+    cfg = smoke(tmp_path, models_dir, **{"distill.method": "grpo", "distill.steps": 3, "distill.grpo.top_up": 2})
+    b, g = cfg.distill.tasks_per_step, cfg.distill.group_size
+    assert b // g == 1  # one group per step, so two top-up groups cost two steps' worth of episodes
+    curve = HeldOutCurve(cfg, None, "toolworld", every=20, label="grpo",
+                         score=lambda n: ({"success_rate": 0.0}, {"eval/success_rate": 0.0}))
+    result = train(cfg, suite=suite, bank=pinned(retriever, trajectories), run_dir=tmp_path / "grpo", progress=False,
+                   on_step=curve)
+    assert [p["step"] for p in curve.points] == [1]  # the held-out curve measures the run's real last step
+    played = [h["budget/episodes_step"] for h in result.history]
+    assert played[0] == 3 * b and result.history[0]["grpo/top_up_groups"] == 2.0  # the step tops up twice
+    assert result.budget["episodes"] == 3 * b and len(played) == 1 and result.last_step == 0  # and spends the budget
+    assert read_checkpoint(list_checkpoints(tmp_path / "grpo")[-1]).step == 0  # the last step is checkpointed
 
 
 def test_lopd_without_a_cold_started_composer_says_what_to_do(tmp_path, models_dir, bank):

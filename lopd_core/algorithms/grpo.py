@@ -9,7 +9,8 @@ epochs clip.
 
 A group whose rewards do not vary has advantage 0 for every member: it teaches nothing and is left out
 of the update. With ``distill.grpo.top_up`` such groups are replaced by fresh groups of the next tasks
-(played by the current student, counted in the budget), up to that many per step; the rate of
+(played by the current student), up to that many per step. They are paid from the run's episode
+budget (steps × B): a run that tops up ends after fewer steps, never with more episodes; the rate of
 zero-advantage rollouts is reported either way, and a step with no signal at all is not an update.
 
 What it is not: no KL penalty to a reference model (the LOPD paper's GRPO baseline has none).
@@ -84,6 +85,8 @@ class GRPO:
             if missing <= 0:
                 break
             more_tasks, more = inputs.play_more(min(missing, grpo.top_up - extra_groups))
+            if not more:  # the run's episode budget is spent
+                break
             extra_groups += len(more) // g
             trajectories, tasks = trajectories + more, tasks + more_tasks
         usable = usable_rollouts(trajectories)
