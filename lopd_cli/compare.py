@@ -30,7 +30,7 @@ def compare(
     budget: Annotated[int, typer.Option(help="Training episodes per run (steps = budget / distill.tasks_per_step).")] = 160,
     seeds: Annotated[int, typer.Option(help="Seeds per method (override per method with --seeds-for).")] = 1,
     seeds_for: Annotated[str, typer.Option("--seeds-for", help="Per-method seeds, e.g. 'lopd=3,grpo=3'.")] = "",
-    ablations: Annotated[str, typer.Option(help="Comma-separated: lopd_frozen, lopd_m0, lopd_text, lopd_k8, lopd_k32, lopd_j1, lopd_j3, lopd_signed, lopd_user_framing, lopd_system, lopd_chat_turn, lopd_any_family.")] = "",
+    ablations: Annotated[str, typer.Option(help="Comma-separated: lopd_frozen, lopd_m0, lopd_text, lopd_k8, lopd_k32, lopd_j1, lopd_j3, lopd_signed, lopd_user_framing, lopd_system, lopd_chat_turn, lopd_any_family, lopd_oracle_fallback.")] = "",
     eval_every: Annotated[int, typer.Option(help="Evaluate every this many steps (default: evaluate.every_steps).")] = 0,
     eval_tasks: Annotated[int, typer.Option(help="Held-out tasks per evaluation (default: evaluate.n_tasks).")] = 0,
     seed_episodes: Annotated[int, typer.Option(help="Base-model episodes that seed the experience bank (default: rollout.n_tasks).")] = 0,

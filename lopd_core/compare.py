@@ -82,6 +82,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "lopd_system": {"distill.lopd.context_placement": "system"},
     "lopd_chat_turn": {"distill.lopd.context_placement": "chat_turn"},
     "lopd_any_family": {"distill.lopd.retrieval_family": "any"},
+    "lopd_oracle_fallback": {"distill.lopd.oracle_fallback": True},
 }
 
 

@@ -224,6 +224,16 @@ def test_run_order_is_seed_major_then_ablations_and_names_are_checked():
     assert [s.key for s in specs] == ["lopd-s0", "grpo-s0", "sdpo-s0", "lopd-s1", "grpo-s1", "lopd-s2", "grpo-s2",
                                       "lopd_m0-s0", "lopd_k8-s0"]
     assert specs[-1].overrides == {"distill.method": "lopd", "distill.lopd.n_latents": 8}
+    from lopd_core.compare import ABLATIONS
+    from lopd_core.config import load_config
+
+    for name, overrides in ABLATIONS.items():  # every ablation names real fields with valid values
+        cfg = load_config("demo").with_overrides(overrides)
+        for key, value in overrides.items():
+            got = cfg
+            for part in key.split("."):
+                got = getattr(got, part)
+            assert got == value, (name, key, got)
     with pytest.raises(ValueError, match="unknown ablation 'lopd_k9'"):
         run_specs(["lopd"], 1, ablations=["lopd_k9"])
     with pytest.raises(ValueError, match="unknown method 'ppo'"):
