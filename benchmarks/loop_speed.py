@@ -95,13 +95,16 @@ def run_variant(args) -> dict:
     history = result.history
     phases = {name: round(sum(m.get(key, 0.0) for m in history), 1) for name, key in PHASES.items()}
     phases["rest"] = round(wall - sum(phases.values()), 1)
+    # what the rest is made of (measured by the training loop); "other": logging, task order, bookkeeping
+    rest = {k: round(v, 1) for k, v in result.overheads.items()}
+    rest["other"] = round(phases["rest"] - sum(rest.values()), 1)
     generated = sum(m.get("rollout/generated_tokens", 0.0) for m in history)
     generate_s = sum(m.get("rollout/generate_s", 0.0) for m in history)
     supervised = sum(m.get("distill/supervised_tokens", 0.0) for m in history)
     step_s = sum(m.get("distill/step_s", 0.0) for m in history)
     return {"variant": args.variant, "overrides": VARIANTS[args.variant], "steps": len(history),
             "episodes": result.budget.get("episodes"), "wall_s": round(wall, 1), "phases_s": phases,
-            "phase_share": {k: round(v / wall, 3) for k, v in phases.items()},
+            "phase_share": {k: round(v / wall, 3) for k, v in phases.items()}, "rest_s": rest,
             "generated_tokens": generated, "generated_tokens_per_s": generated / max(generate_s, 1e-9),
             "supervised_tokens": supervised, "step_tokens_per_s": supervised / max(step_s, 1e-9),
             "final_success_rate_last_step": history[-1].get("rollout/success_rate") if history else None,

@@ -104,13 +104,18 @@ class TrainResult:
     table_version: int | None
     checkpoint: Path | None
     resumed: bool
+    overheads: dict[str, float] = field(default_factory=dict)
+    """Seconds this call spent outside the steps' rollouts and updates: ``engine_start`` (building the rollout
+    engine), ``gate`` (the privilege gate), ``retrieval``, ``hooks`` (``on_step``: the curve's evaluations),
+    ``checkpoint``, ``engine_sync`` (the student's weights into the engine after each step) and ``final_save``
+    (the final student and composer folders)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_dir": str(self.run_dir), "student_dir": str(self.student_dir),
                 "composer_dir": str(self.composer_dir) if self.composer_dir else None, "first_step": self.first_step,
                 "last_step": self.last_step, "metrics": self.metrics, "budget": self.budget,
                 "table_version": self.table_version, "checkpoint": str(self.checkpoint) if self.checkpoint else None,
-                "resumed": self.resumed}
+                "resumed": self.resumed, "overheads": self.overheads}
 
 
 @dataclass
@@ -371,6 +376,8 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
     budget["pretraining_episodes"] = float(pretraining_episodes or budget.get("pretraining_episodes", 0.0))
     retriever = bank.retriever if bank is not None else None
     table_version = bank.version if bank is not None else None
+    overheads = dict.fromkeys(("engine_start", "gate", "retrieval", "hooks", "checkpoint", "engine_sync"), 0.0)
+    clock = time.perf_counter()
     gate = {}
     if d.method == "lopd" and start_step == 0 and d.lopd.privilege_gate != "off" and bank is not None and bank.successes:
         gate = privilege_gate(cfg, policies, suite, bank, composer=composer if needs_composer(cfg) else None)
@@ -380,7 +387,10 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
     pool = task_order(suite, cfg, n_tasks=max(tasks_per_step * d.steps, 1), tasks=tasks)
     rollout_suite = algorithm.rollout_suite(suite) if hasattr(algorithm, "rollout_suite") else suite
     plays = getattr(algorithm, "plays_rollouts", True)
+    overheads["gate"] = time.perf_counter() - clock
+    clock = time.perf_counter()
     engine = engine or _make_engine(cfg, policies)
+    overheads["engine_start"] = time.perf_counter() - clock
     engine.update_policy(policies.student_module(), f"{run_dir.name}/step{start_step - 1}" if start_step else "init")
     logger = MultiLogger(logger, history := InMemoryLogger())
     tok = policies.tokenizer
@@ -435,11 +445,13 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
             metrics.update({f"gate/{k}": v for k, v in gate.items()})
 
         # --- retrieval: J experiences per task, pinned table, leakage rules ----------------------------
+        clock = time.perf_counter()
         retrieved, memory_metrics = retrieve_for(retriever, episode_tasks, trajectories, step=step,
                                                  k=d.lopd.n_retrieved, exclude_same_task=d.lopd.exclude_same_task,
                                                  group_size=g, same_family=d.lopd.retrieval_family == "same",
                                                  fallback=fallback)
         metrics.update(memory_metrics)
+        overheads["retrieval"] += time.perf_counter() - clock
 
         # --- the method's step ---------------------------------------------------------------------------
         started = time.perf_counter()
@@ -467,8 +479,11 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
             logger.log(metrics, step=step)
         # the step's trajectories are handed over BEFORE its checkpoint: a crash in between re-runs the step
         # (same seeds, same ids), a crash after it never loses them
+        clock = time.perf_counter()
         if on_step is not None and lead:
             on_step(step, metrics, trajectories)
+        overheads["hooks"] += time.perf_counter() - clock
+        clock = time.perf_counter()
         last_step = step
         if lead and ((step + 1) % d.checkpoint_every == 0 or final):
             checkpoint = save_checkpoint(run_dir, step=step, policies=policies, algorithm=algorithm, cfg=cfg,
@@ -476,7 +491,10 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
                                          table_version=table_version, budget=budget, keep=d.keep_checkpoints)
             if on_checkpoint is not None:
                 on_checkpoint(checkpoint)
+        overheads["checkpoint"] += time.perf_counter() - clock
+        clock = time.perf_counter()
         engine.update_policy(policies.student_module(), f"{run_dir.name}/step{step}")
+        overheads["engine_sync"] += time.perf_counter() - clock
         shown = {k.split("/")[-1]: f"{metrics[k]:.3g}" for k in STEP_LINE_METRICS if k in metrics}
         bar.set_postfix(shown)
         log.info("%s step %d/%d: %s", d.method, step + 1, d.steps, ", ".join(f"{k} {v}" for k, v in shown.items()))
@@ -484,6 +502,7 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
     bar.close()
 
     # --- final artifacts (plain directories for the registry) --------------------------------------------
+    clock = time.perf_counter()
     student_dir = run_dir / "final" / "student"
     if lead:
         student_dir = save_student(policies, student_dir)
@@ -495,9 +514,11 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
         save_composer(policies, composer, composer_dir)
     if lead and on_checkpoint is not None:
         on_checkpoint(run_dir / "final")
+    overheads["final_save"] = time.perf_counter() - clock
     return TrainResult(run_dir=run_dir, student_dir=student_dir, composer_dir=composer_dir, first_step=start_step,
                        last_step=last_step, metrics=last_metrics, history=[m for _, m in history.records],
-                       budget=budget, table_version=table_version, checkpoint=checkpoint, resumed=info is not None)
+                       budget=budget, table_version=table_version, checkpoint=checkpoint, resumed=info is not None,
+                       overheads=overheads)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -112,6 +112,9 @@ def test_grpo_top_ups_are_paid_from_the_episode_budget(tmp_path, models_dir, ban
     assert played[0] == 3 * b and result.history[0]["grpo/top_up_groups"] == 2.0  # the step tops up twice
     assert result.budget["episodes"] == 3 * b and len(played) == 1 and result.last_step == 0  # and spends the budget
     assert read_checkpoint(list_checkpoints(tmp_path / "grpo")[-1]).step == 0  # the last step is checkpointed
+    spent = result.overheads  # the time outside rollouts and updates, by part
+    assert set(spent) == {"engine_start", "gate", "retrieval", "hooks", "checkpoint", "engine_sync", "final_save"}
+    assert spent["checkpoint"] > 0 and spent["final_save"] > 0 and spent["hooks"] > 0
 
 
 def test_lopd_without_a_cold_started_composer_says_what_to_do(tmp_path, models_dir, bank):
