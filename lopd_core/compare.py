@@ -357,8 +357,9 @@ class Comparison:
         policies = build_policies(cfg, models_dir=self.ws.models_dir)
         tokens = {"generated": 0, "trajectory": 0}
 
-        def score(step: int) -> tuple[dict[str, Any], dict[str, float]]:
-            rows = self.score(policies, label=f"{spec.key}/step{step}", full=step in self.full_steps)
+        def score(step: int, last: bool) -> tuple[dict[str, Any], dict[str, float]]:
+            # the final point is always a full evaluation, also when the budget ends the run early
+            rows = self.score(policies, label=f"{spec.key}/step{step}", full=last or step in self.full_steps)
             self.save_rows(folder, step, rows)
             return self.point_fields(rows)
 

@@ -137,8 +137,9 @@ class HeldOutCurve:
     The evaluation runs inside :func:`~lopd_core.checkpoint.preserved_rng`, so a run with a curve samples
     exactly what the same run without one samples (and a resumed run what an uninterrupted one does).
     ``done_steps`` are skipped (points a resumed run already measured); ``on_point(point, metrics)``
-    receives each new point. ``score(step)`` replaces the default evaluation (``evaluate_policy`` on
-    ``evaluate.n_tasks`` held-out tasks) and returns the point's extra fields and its ``eval/*`` metrics.
+    receives each new point. ``score(step, last)`` (``last``: the run's final point) replaces the default
+    evaluation (``evaluate_policy`` on ``evaluate.n_tasks`` held-out tasks) and returns the point's extra
+    fields and its ``eval/*`` metrics.
     """
 
     def __init__(self, cfg: Config, policies: PolicySet, suite_name: str, *, every: int, label: str,
@@ -153,13 +154,14 @@ class HeldOutCurve:
 
     def __call__(self, step: int, metrics: dict[str, float], trajectories: list[Trajectory]) -> None:
         n = step + 1
-        due = (n % self.every == 0 or n == self.cfg.distill.steps or n in self.extra_steps
-               or bool(metrics.get("budget/last_step")))  # a run whose budget is spent before its last step
+        # the run's last step: the configured last, or one after which the episode budget is spent
+        last = n == self.cfg.distill.steps or bool(metrics.get("budget/last_step"))
+        due = n % self.every == 0 or last or n in self.extra_steps
         if not due or n in self.done_steps:
             return
         with preserved_rng():
             if self.score is not None:
-                fields, evaluated = self.score(n)
+                fields, evaluated = self.score(n, last)
             else:
                 evaluated = evaluate_policy(self.cfg, self.policies, self.suite_name,
                                             label=f"{self.label}/step{step}").metrics

@@ -104,10 +104,10 @@ def test_grpo_top_ups_are_paid_from_the_episode_budget(tmp_path, models_dir, ban
     b, g = cfg.distill.tasks_per_step, cfg.distill.group_size
     assert b // g == 1  # one group per step, so two top-up groups cost two steps' worth of episodes
     curve = HeldOutCurve(cfg, None, "toolworld", every=20, label="grpo",
-                         score=lambda n: ({"success_rate": 0.0}, {"eval/success_rate": 0.0}))
+                         score=lambda n, last: ({"success_rate": 0.0, "last": last}, {"eval/success_rate": 0.0}))
     result = train(cfg, suite=suite, bank=pinned(retriever, trajectories), run_dir=tmp_path / "grpo", progress=False,
                    on_step=curve)
-    assert [p["step"] for p in curve.points] == [1]  # the held-out curve measures the run's real last step
+    assert [(p["step"], p["last"]) for p in curve.points] == [(1, True)]  # the curve scores the real last step
     played = [h["budget/episodes_step"] for h in result.history]
     assert played[0] == 3 * b and result.history[0]["grpo/top_up_groups"] == 2.0  # the step tops up twice
     assert result.budget["episodes"] == 3 * b and len(played) == 1 and result.last_step == 0  # and spends the budget
