@@ -4,7 +4,8 @@
 family how often it succeeds; ``--out DIR`` keeps the episodes (JSONL), which ``probe-teacher`` and bank
 seeding can reuse. ``probe-teacher`` scores the base model's own successes and failures under each teacher
 (the text context in every placement asked for, the latent composer when one is given or cold-started
-here, and the framing-only control) and says whether the teacher is privileged.
+here, the framing-only control and, with ``--sdpo``, SDPO's teacher with its feedback in full and
+redacted) and says whether the teacher is privileged.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def probe_teacher(
     max_successes: Annotated[int, typer.Option(help="At most this many successes scored.")] = 64,
     max_failures: Annotated[int, typer.Option(help="At most this many failures scored.")] = 64,
     text: Annotated[bool, typer.Option("--text/--no-text", help="Probe the text-context teacher and its framing-only control.")] = True,
+    sdpo: Annotated[bool, typer.Option("--sdpo/--no-sdpo", help="Also probe SDPO's teacher (a successful sibling + the feedback), with the feedback in full and redacted.")] = False,
     agent_tasks: Annotated[int, typer.Option(help="Also play this many training tasks with the text context (0: skip).")] = 0,
     out_file: Annotated[Path | None, typer.Option("--out", help="Write the JSON result here too.")] = None,
     profile: Profile = "demo",
@@ -159,6 +161,12 @@ def probe_teacher(
             record(f"latent/{placement}", probe(pcfg, policies, suite_obj, rows, bank, composer=state,
                                                 max_successes=max_successes, max_failures=max_failures,
                                                 base_cache=base_cache))
+    if sdpo:  # does naming the expected answer make SDPO's teacher skip the tool call?
+        for feedback in ("full", "redacted"):
+            err.print(f"SDPO teacher, feedback {feedback}…", highlight=False)
+            record(f"sdpo/{feedback}", probe(cfg, policies, suite_obj, rows, bank, composer=None, sdpo_feedback=feedback,
+                                             max_successes=max_successes, max_failures=max_failures,
+                                             base_cache=base_cache))
     report["seconds"] = round(time.perf_counter() - started, 1)
     save()
     if as_json:

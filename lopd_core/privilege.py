@@ -22,8 +22,10 @@ from typing import Any
 import torch
 
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch
+from lopd_core.algorithms.context import sdpo_context
 from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, student_logprobs
 from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prompts
+from lopd_core.algorithms.sdpo import sdpo_teacher_prompt
 from lopd_core.config import Config
 from lopd_core.envs.base import Suite, Task, tasks_by_id
 from lopd_core.models.composer import ComposerState
@@ -156,6 +158,35 @@ def teacher_builder(cfg: Config, policies: PolicySet, contexts: dict[str, list[E
     return build
 
 
+def sdpo_teacher_builder(policies: PolicySet, contexts: dict[str, str]) -> PromptBuilder:
+    """SDPO's teacher at its start (the EMA is still the base model): the episode's prompt with its context
+    text (a successful sibling and the environment's feedback) in the task message."""
+    def build(rows: list[Trajectory]):
+        prompts = [sdpo_teacher_prompt(policies.tokenizer, r, contexts[r.episode_id]) for r in rows]
+        return prompts, lambda batch: model_logprobs(policies, None, batch)
+
+    return build
+
+
+def sdpo_contexts(cfg: Config, tokenizer, episodes: list[Trajectory], rows: list[Trajectory], *,
+                  feedback: str) -> list[str]:
+    """Each row's SDPO context: its group is every episode of its task among ``episodes`` (a probe's k
+    samples per task), the sibling never the row itself; ``feedback`` 'full' or 'redacted'."""
+    groups: dict[str, list[Trajectory]] = {}
+    for e in episodes:
+        groups.setdefault(e.task_id, []).append(e)
+    out = []
+    for r in rows:
+        group = groups.get(r.task_id, [r])
+        index = next((i for i, e in enumerate(group) if e.episode_id == r.episode_id), None)
+        if index is None:
+            group, index = [r, *group], 0
+        text, _, _ = sdpo_context(tokenizer, group, index, max_tokens=cfg.distill.lopd.experience_max_tokens,
+                                  redact=feedback == "redacted")
+        out.append(text)
+    return out
+
+
 def _task_of(row: Trajectory) -> Task:
     return Task(task_id=row.task_id, suite=row.suite, family=row.family, split=row.split, level=row.level,
                 instruction=row.instruction, tools=row.tools)
@@ -163,23 +194,29 @@ def _task_of(row: Trajectory) -> Task:
 
 def probe_teacher(cfg: Config, policies: PolicySet, suite: Suite, episodes: list[Trajectory], bank: Bank, *,
                   composer: ComposerState | None, max_successes: int = 64, max_failures: int = 64,
-                  framing_only: bool = False, seed: int = 0,
+                  framing_only: bool = False, seed: int = 0, sdpo_feedback: str | None = None,
                   base_cache: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """δ of one teacher on the base model's own successes and failures (see the module docstring).
 
     ``composer`` None probes the text-context teacher (``distill.lopd.context_placement`` decides where the
-    experiences go); ``framing_only`` the framing without any experience (the control). ``base_cache`` keeps
-    the base model's log-probs by episode (and oracle episode) id across the teachers of one probe."""
+    experiences go); ``framing_only`` the framing without any experience (the control); ``sdpo_feedback``
+    ('full' or 'redacted') SDPO's teacher instead, its context from the episodes of the row's own task.
+    ``base_cache`` keeps the base model's log-probs by episode (and oracle episode) id across the teachers
+    of one probe."""
     lopd = cfg.distill.lopd
     rng = random.Random(seed)
     successes = [e for e in episodes if e.reward >= lopd.success_reward and e.status == "ok" and e.n_generated]
     failures = [e for e in episodes if e.reward < lopd.failure_reward and e.status == "ok" and e.n_generated]
     rows = rng.sample(successes, min(max_successes, len(successes))) + rng.sample(failures, min(max_failures, len(failures)))
-    found = retrieve_contexts(bank, rows, k=lopd.n_retrieved, same_family=lopd.retrieval_family == "same")
+    if sdpo_feedback is not None:
+        found = sdpo_contexts(cfg, policies.tokenizer, episodes, rows, feedback=sdpo_feedback)
+    else:
+        found = retrieve_contexts(bank, rows, k=lopd.n_retrieved, same_family=lopd.retrieval_family == "same")
     with_context = [(r, f) for r, f in zip(rows, found, strict=True) if f or framing_only]
     rows = [r for r, _ in with_context]
     contexts = {r.episode_id: f for r, f in with_context}
-    builder = teacher_builder(cfg, policies, contexts, composer=composer, framing_only=framing_only)
+    builder = (sdpo_teacher_builder(policies, contexts) if sdpo_feedback is not None else
+               teacher_builder(cfg, policies, contexts, composer=composer, framing_only=framing_only))
     cache = base_cache if base_cache is not None else {}
 
     def base_logprobs(rows: list[Trajectory], prefix: str) -> list[torch.Tensor]:

@@ -104,6 +104,27 @@ def test_base_and_text_teacher_logprobs_are_the_models_own(policies):
     assert cfg.distill.lopd.context_placement == "chat_turn"
 
 
+def test_sdpo_probe_teacher_sees_a_sibling_and_the_feedback_full_or_redacted(policies):
+    from lopd_core.algorithms.sdpo import sdpo_teacher_prompt
+    from lopd_core.privilege import sdpo_contexts, sdpo_teacher_builder
+
+    tok, cfg = policies.tokenizer, load_config("smoke")
+    group = [make_trajectory(tok, task_id="t-add", instruction="What is 2+3?", replies=[CALL, "It is 5."],
+                             observations=["<tool_response>5</tool_response>"], reward=r) for r in (1.0, 0.0)]
+    group[1].feedback = 'unmet answer: "5"'
+    other = make_trajectory(tok, task_id="t-other", instruction="Hi", replies=["Hello."], reward=0.0)
+    full = sdpo_contexts(cfg, tok, [*group, other], [group[1], group[0], other], feedback="full")
+    redacted = sdpo_contexts(cfg, tok, [*group, other], [group[1]], feedback="redacted")
+    assert "successful attempt" in full[0] and '"5"' in full[0] and '"5"' not in redacted[0]  # the answer is hidden
+    assert full[1] == "" and full[2] == ""  # no other success in its group and no feedback: no teacher
+    got = action_logprobs(policies, [group[1]], teacher=sdpo_teacher_builder(policies, {group[1].episode_id: full[0]}))[0]
+    prompt = sdpo_teacher_prompt(tok, group[1], full[0]).ids  # the model's own forward on that prompt
+    shift = len(prompt) - group[1].prompt_len
+    positions = [i + shift for i, m in enumerate(group[1].assistant_mask) if m]
+    torch.testing.assert_close(got, forward_logprobs(policies, [*prompt, *group[1].token_ids[group[1].prompt_len:]],
+                                                     positions), atol=1e-4, rtol=1e-4)
+
+
 def test_first_call_probabilities_multiply_the_call_opening_and_the_name_tokens(policies):
     tok = policies.tokenizer
     row = rows_of(tok, 1)[0]
@@ -133,12 +154,16 @@ def test_probe_teacher_cli_scores_every_requested_teacher(tmp_path, models_dir):
     path.write_text("".join(e.to_json() + "\n" for e in [*episodes, failed]))
     done = subprocess.run([sys.executable, "-m", "lopd_cli", "probe-teacher", "--profile", "smoke", "--set",
                            f"workspace.models_dir={models_dir}", "--set", "distill.lopd.retrieval_family=same",
-                           "--episodes", str(path), "--placements", "chat_turn,user_framing", "--cold-start", "--json"],
+                           "--episodes", str(path), "--placements", "chat_turn,user_framing", "--cold-start", "--sdpo",
+                           "--json"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "LOPD_HOME": str(tmp_path / "ws")})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
+    sdpo = {name: report["teachers"].pop(name) for name in ("sdpo/full", "sdpo/redacted")}
     assert set(report["teachers"]) == {f"{kind}/{p}" for kind in ("text", "framing_only", "latent")
                                       for p in ("chat_turn", "user_framing")}
+    for row in sdpo.values():  # every episode has the verifier's feedback, so every one has a teacher
+        assert row["successes"] == 3 and row["failures"] == 1 and math.isfinite(row["privilege_failure"])
     for name, row in report["teachers"].items():
         assert row["successes"] == 3 and row["failures"] == 1, name
         assert math.isfinite(row["privilege_success"]) and 0 < row["p_tool_call_base"] <= 1

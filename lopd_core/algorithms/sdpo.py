@@ -38,6 +38,13 @@ from lopd_core.models.policy import STUDENT, STUDENT_EMA, PolicySet, hidden_stat
 SDPO_FRAMING_AFTER = "\n\nNow the task:\n"
 
 
+def sdpo_teacher_prompt(tokenizer, trajectory, context: str):
+    """The SDPO teacher's prompt: the trajectory's initial prompt with ``context`` (a sibling's success and
+    the feedback, :func:`~lopd_core.algorithms.context.sdpo_context`) in the task's user message."""
+    return text_context_prompt(tokenizer, trajectory.messages[: trajectory.initial_messages], trajectory.tools, context,
+                               framing_before=SDPO_FRAMING_BEFORE, framing_after=SDPO_FRAMING_AFTER)
+
+
 class SDPO:
     name = "sdpo"
 
@@ -90,8 +97,7 @@ class SDPO:
             chosen.append(i)
             with_sibling += sibling
             with_feedback += feedback
-            prompts.append(text_context_prompt(tok, traj.messages[: traj.initial_messages], traj.tools, context,
-                                               framing_before=SDPO_FRAMING_BEFORE, framing_after=SDPO_FRAMING_AFTER))
+            prompts.append(sdpo_teacher_prompt(tok, traj, context))
         metrics = {**skipped_metrics("distill", total=len(inputs.trajectories), errored=len(inputs.trajectories) - len(usable),
                                      without_context=len(usable) - len(chosen)),
                    "sdpo/with_sibling": float(with_sibling), "sdpo/with_feedback": float(with_feedback)}
