@@ -31,6 +31,7 @@ def compare(
     seeds: Annotated[int, typer.Option(help="Seeds per method (override per method with --seeds-for).")] = 1,
     seeds_for: Annotated[str, typer.Option("--seeds-for", help="Per-method seeds, e.g. 'lopd=3,grpo=3'.")] = "",
     ablations: Annotated[str, typer.Option(help="Comma-separated: lopd_frozen, lopd_m0, lopd_text, lopd_k8, lopd_k32, lopd_j1, lopd_j3, lopd_signed, lopd_user_framing, lopd_system, lopd_chat_turn, lopd_any_family, lopd_oracle_fallback.")] = "",
+    lr_grid: Annotated[str, typer.Option("--lr-grid", help="Comma-separated learning rates, e.g. '3e-5,3e-4': one more run per method and rate (named <method>@lr<rate>, seed 0), to be scored on validation.")] = "",
     eval_every: Annotated[int, typer.Option(help="Evaluate every this many steps (default: evaluate.every_steps).")] = 0,
     eval_tasks: Annotated[int, typer.Option(help="Held-out tasks per evaluation (default: evaluate.n_tasks).")] = 0,
     seed_episodes: Annotated[int, typer.Option(help="Base-model episodes that seed the experience bank (default: rollout.n_tasks).")] = 0,
@@ -51,6 +52,10 @@ def compare(
         seeds_by_method = parse_seeds_for(seeds_for)
     except ValueError as e:
         fail(f"--{e}", code=2)
+    try:
+        grid = [float(v) for v in split_names(lr_grid)]
+    except ValueError:
+        fail(f"--lr-grid: {lr_grid!r} is not a comma-separated list of numbers such as 3e-5,3e-4", code=2)
     ws = workspace(cfg)
     if not report_only:
         log(engine_line(cfg))
@@ -63,7 +68,7 @@ def compare(
     report_dir = report_dir or Path("reports") / f"{suite}-{date.today().isoformat()}"
     try:
         result = run_comparison(cfg, suite=suite, methods=split_names(methods), budget=budget, seeds=seeds, root=root,
-                                ablations=split_names(ablations), seeds_by_method=seeds_by_method,
+                                ablations=split_names(ablations), seeds_by_method=seeds_by_method, lr_grid=grid,
                                 eval_every=eval_every or None, eval_tasks=eval_tasks or None,
                                 seed_episodes=seed_episodes or None, bank_episodes=list(bank_episodes or []), log=log,
                                 report_only=report_only)

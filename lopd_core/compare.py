@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lopd_core.config import Config
+from lopd_core.config import Config, DistillConfig
 from lopd_core.cycle import MlflowMetricLogger
 from lopd_core.envs import get_suite, suite_kind
 from lopd_core.envs.base import task_fingerprint, tasks_by_id
@@ -113,9 +113,18 @@ class RunSpec:
         return self.overrides.get("distill.method", self.name)
 
 
+def lr_key(method: str) -> str:
+    """The config field of a training method's student learning rate (its own, else the shared one)."""
+    section = DistillConfig.model_fields.get(method)
+    if section is not None and "lr_student" in getattr(section.annotation, "model_fields", {}):
+        return f"distill.{method}.lr_student"
+    return "distill.lr_student"
+
+
 def run_specs(methods: list[str], seeds: int, *, ablations: list[str] | None = None, ablation_seeds: int = 1,
-              seeds_by_method: dict[str, int] | None = None) -> list[RunSpec]:
-    """The runs in execution order: seed 0 of every method, then seed 1, …, then the ablations.
+              seeds_by_method: dict[str, int] | None = None, lr_grid: list[float] | None = None) -> list[RunSpec]:
+    """The runs in execution order: seed 0 of every method, then seed 1, …, then the ablations, then the
+    learning-rate grid (``<method>@lr<value>``, one seed each, for every method that trains).
 
     Seed-major, so that a comparison cut short after a few hours already holds every method once."""
     for m in methods:
@@ -129,6 +138,13 @@ def run_specs(methods: list[str], seeds: int, *, ablations: list[str] | None = N
              for s in range(max(n_seeds.values(), default=0)) for m in methods if s < n_seeds[m]]
     specs += [RunSpec(a, s, {"distill.method": "lopd", **ABLATIONS[a]})
               for s in range(ablation_seeds) for a in ablations or []]
+    for lr in lr_grid or []:
+        if not lr > 0:
+            raise ValueError(f"learning rate {lr} in the grid is not positive")
+        mantissa, exponent = f"{lr:e}".split("e")
+        name = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"  # 3e-4, 1.5e-5
+        specs += [RunSpec(f"{m}@lr{name}", 0, {**METHODS[m], lr_key(METHODS[m]["distill.method"]): lr})
+                  for m in methods if m != "none"]
     return specs
 
 
@@ -481,13 +497,14 @@ def parse_seeds_for(value: str) -> dict[str, int]:
 
 def plan_comparison(cfg: Config, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
                     ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
+                    lr_grid: list[float] | None = None,
                     eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
                     bank_episodes: list[Path] | None = None, log=print,
                     record: bool = True) -> tuple[Comparison, list[RunSpec]]:
     """The comparison and its runs, in order (``plan.json`` under the root records them unless ``record=False``)."""
     comp = Comparison(cfg, suite=suite, budget=budget, root=root, eval_every=eval_every, eval_tasks=eval_tasks,
                       seed_episodes=seed_episodes, bank_episodes=bank_episodes, log=log)
-    specs = run_specs(methods, seeds, ablations=ablations, seeds_by_method=seeds_by_method)
+    specs = run_specs(methods, seeds, ablations=ablations, seeds_by_method=seeds_by_method, lr_grid=lr_grid)
     if not record:
         return comp, specs
     (comp.root / "plan.json").write_text(json.dumps({"suite": suite, "budget": comp.budget,
@@ -501,6 +518,7 @@ def plan_comparison(cfg: Config, *, suite: str, methods: list[str], budget: int,
 
 def run_comparison(cfg: Config, *, suite: str, methods: list[str], budget: int, seeds: int, root: Path,
                    ablations: list[str] | None = None, seeds_by_method: dict[str, int] | None = None,
+                   lr_grid: list[float] | None = None,
                    eval_every: int | None = None, eval_tasks: int | None = None, seed_episodes: int | None = None,
                    bank_episodes: list[Path] | None = None, log=print, report_only: bool = False) -> dict[str, Any]:
     """Run (or resume) every run of the comparison; returns all run summaries.
@@ -508,9 +526,9 @@ def run_comparison(cfg: Config, *, suite: str, methods: list[str], budget: int, 
     ``report_only``: run nothing, return the runs of this plan that have finished so far (a look at a long
     comparison while it runs, possibly in another process)."""
     comp, specs = plan_comparison(cfg, suite=suite, methods=methods, budget=budget, seeds=seeds, root=root,
-                                  ablations=ablations, seeds_by_method=seeds_by_method, eval_every=eval_every,
-                                  eval_tasks=eval_tasks, seed_episodes=seed_episodes, bank_episodes=bank_episodes,
-                                  log=log, record=not report_only)
+                                  ablations=ablations, seeds_by_method=seeds_by_method, lr_grid=lr_grid,
+                                  eval_every=eval_every, eval_tasks=eval_tasks, seed_episodes=seed_episodes,
+                                  bank_episodes=bank_episodes, log=log, record=not report_only)
     if report_only:
         done = [run_dir(comp.root, s.key) / "result.json" for s in specs]
         results = [json.loads(p.read_text()) for p in done if p.exists()]

@@ -238,6 +238,14 @@ def test_run_order_is_seed_major_then_ablations_and_names_are_checked():
         run_specs(["lopd"], 1, ablations=["lopd_k9"])
     with pytest.raises(ValueError, match="unknown method 'ppo'"):
         run_specs(["ppo"], 1)
+    # the learning-rate grid: one seed per method and rate, on the method's own learning-rate field
+    grid = run_specs(["lopd", "rft_hinted", "none"], 1, lr_grid=[3e-5, 3e-4])
+    assert [s.key for s in grid[3:]] == ["lopd@lr3e-5-s0", "rft_hinted@lr3e-5-s0", "lopd@lr3e-4-s0",
+                                          "rft_hinted@lr3e-4-s0"]
+    assert grid[4].overrides == {"distill.method": "rft", "distill.rft.hint": True, "distill.rft.lr_student": 3e-5}
+    assert grid[4].method == "rft"
+    cfg = load_config("demo").with_overrides({"distill.lr_student": 1e-4, **grid[5].overrides})
+    assert cfg.distill.student_lr() == 3e-4  # the grid's rate wins over the shared one
 
 
 def test_report_names_the_curves_that_overlap_in_the_plot(tmp_path):
