@@ -341,6 +341,8 @@ class SDPOConfig(_Section):
     """Importance-sampling ratio clip."""
     feedback: Literal["redacted", "full"] = "redacted"
     """What the teacher sees of the verifier's feedback: which requirements were unmet without their expected values ('redacted'), or the whole string, expected calls and answers included ('full')."""
+    context_placement: Literal["user_framing", "chat_turn"] = "user_framing"
+    """Where the teacher's context goes: as text in the task's user message (the paper's 'user_framing'), or 'chat_turn': the successful sibling played as earlier turns of the conversation (a worked example) and the feedback as a user turn after it, before the task."""
 
 
 class SkillSDConfig(_Section):

@@ -158,7 +158,7 @@ def teacher_builder(cfg: Config, policies: PolicySet, contexts: dict[str, list[E
     return build
 
 
-def sdpo_teacher_builder(policies: PolicySet, contexts: dict[str, str]) -> PromptBuilder:
+def sdpo_teacher_builder(policies: PolicySet, contexts: dict[str, str | list[dict]]) -> PromptBuilder:
     """SDPO's teacher at its start (the EMA is still the base model): the episode's prompt with its context
     text (a successful sibling and the environment's feedback) in the task message."""
     def build(rows: list[Trajectory]):
@@ -169,9 +169,10 @@ def sdpo_teacher_builder(policies: PolicySet, contexts: dict[str, str]) -> Promp
 
 
 def sdpo_contexts(cfg: Config, tokenizer, episodes: list[Trajectory], rows: list[Trajectory], *,
-                  feedback: str) -> list[str]:
+                  feedback: str) -> list[str | list[dict]]:
     """Each row's SDPO context: its group is every episode of its task among ``episodes`` (a probe's k
-    samples per task), the sibling never the row itself; ``feedback`` 'full' or 'redacted'."""
+    samples per task), the sibling never the row itself; ``feedback`` 'full' or 'redacted'; placed as
+    ``distill.sdpo.context_placement`` says."""
     groups: dict[str, list[Trajectory]] = {}
     for e in episodes:
         groups.setdefault(e.task_id, []).append(e)
@@ -181,9 +182,9 @@ def sdpo_contexts(cfg: Config, tokenizer, episodes: list[Trajectory], rows: list
         index = next((i for i, e in enumerate(group) if e.episode_id == r.episode_id), None)
         if index is None:
             group, index = [r, *group], 0
-        text, _, _ = sdpo_context(tokenizer, group, index, max_tokens=cfg.distill.lopd.experience_max_tokens,
-                                  redact=feedback == "redacted")
-        out.append(text)
+        context, _, _ = sdpo_context(tokenizer, group, index, max_tokens=cfg.distill.lopd.experience_max_tokens,
+                                     redact=feedback == "redacted", placement=cfg.distill.sdpo.context_placement)
+        out.append(context)
     return out
 
 

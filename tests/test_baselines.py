@@ -186,8 +186,9 @@ def test_sdpo_context_never_shows_the_sample_itself(tiny_tokenizer):
     assert (text_for_good, sibling, feedback) == ("", False, False)  # no successful sibling, no feedback → no loss
 
 
-def test_sdpo_steps_with_ema_teacher(tiny_tokenizer, models_dir):
-    cfg, policies = setup(models_dir, "sdpo", **{"distill.lr_student": 1e-2})
+@pytest.mark.parametrize("placement", ["user_framing", "chat_turn"])
+def test_sdpo_steps_with_ema_teacher(tiny_tokenizer, models_dir, placement):
+    cfg, policies = setup(models_dir, "sdpo", **{"distill.lr_student": 1e-2, "distill.sdpo.context_placement": placement})
     algo = make_algorithm(cfg.distill, policies)
     rows, tasks = group(tiny_tokenizer, feedback_on_failure="expected 5, got 7")
     ema_before = [p.detach().clone() for p in policies.adapter_parameters(STUDENT_EMA)]

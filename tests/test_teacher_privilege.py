@@ -124,6 +124,16 @@ def test_sdpo_probe_teacher_sees_a_sibling_and_the_feedback_full_or_redacted(pol
     torch.testing.assert_close(got, forward_logprobs(policies, [*prompt, *group[1].token_ids[group[1].prompt_len:]],
                                                      positions), atol=1e-4, rtol=1e-4)
 
+    # as chat turns: the sibling's own request, call and observation, then the feedback, then the task
+    turns = sdpo_contexts(cfg.with_overrides({"distill.sdpo.context_placement": "chat_turn"}), tok, [*group, other],
+                          [group[1]], feedback="redacted")[0]
+    assert [m["role"] for m in turns][0] == "user" and turns[0]["content"] == "What is 2+3?"
+    assert any(CALL in (m.get("content") or "") for m in turns) and turns[-1]["role"] == "user"
+    assert "Feedback from the environment" in turns[-1]["content"] and '"5"' not in turns[-1]["content"]
+    text = tok.decode(sdpo_teacher_prompt(tok, group[1], turns).ids)
+    assert text.index(CALL) < text.index("Feedback from the environment") < text.rindex("What is 2+3?")
+    assert "Privileged information" not in text  # no framing text in the task message
+
 
 def test_first_call_probabilities_multiply_the_call_opening_and_the_name_tokens(policies):
     tok = policies.tokenizer
@@ -159,7 +169,7 @@ def test_probe_teacher_cli_scores_every_requested_teacher(tmp_path, models_dir):
                           capture_output=True, text=True, timeout=600, env={**os.environ, "LOPD_HOME": str(tmp_path / "ws")})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    sdpo = {name: report["teachers"].pop(name) for name in ("sdpo/full", "sdpo/redacted")}
+    sdpo = {name: report["teachers"].pop(name) for name in ("sdpo/user_framing/full", "sdpo/user_framing/redacted")}
     assert set(report["teachers"]) == {f"{kind}/{p}" for kind in ("text", "framing_only", "latent")
                                       for p in ("chat_turn", "user_framing")}
     for row in sdpo.values():  # every episode has the verifier's feedback, so every one has a teacher

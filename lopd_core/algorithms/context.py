@@ -16,8 +16,8 @@ from typing import Literal
 
 from lopd_core.envs.base import Task
 from lopd_core.models.composer import experience_text
-from lopd_core.records.chat import encode, render_text
-from lopd_core.records.experience import RetrievalQuery, Retriever
+from lopd_core.records.chat import encode, fit_turns, render_text
+from lopd_core.records.experience import RetrievalQuery, Retriever, own_turns
 from lopd_core.records.trajectory import Trajectory
 
 ReferenceSource = Literal["bank", "oracle", "none"]
@@ -79,22 +79,35 @@ def redact_feedback(feedback: str) -> str:
     return "; ".join(dict.fromkeys(lines))
 
 
-def sdpo_context(tokenizer, group: list[Trajectory], index: int, *, max_tokens: int,
-                 redact: bool = True) -> tuple[str, bool, bool]:
-    """(context text, used a sibling, used feedback) for rollout ``index`` of its group; "" → no loss.
+SDPO_FEEDBACK_HEADER = "Feedback from the environment on an attempt:\n"
+
+
+def sdpo_context(tokenizer, group: list[Trajectory], index: int, *, max_tokens: int, redact: bool = True,
+                 placement: str = "user_framing") -> tuple[str | list[dict], bool, bool]:
+    """(context, used a sibling, used feedback) for rollout ``index`` of its group; an empty context → no loss.
 
     The sibling is the best-rewarded *other* successful rollout of the group; the sample's own episode is
     never shown to its teacher. ``redact`` removes the expected values from the feedback (:func:`redact_feedback`).
+    ``placement`` 'user_framing' gives the context as text (for the task message); 'chat_turn' as chat turns:
+    the sibling's own turns (request, actions, observations, fitted to ``max_tokens``) and the feedback as a
+    user turn after them.
     """
     sample = group[index]
     siblings = [t for j, t in enumerate(group) if j != index and t.success and t.status != "error"
                 and t.episode_id != sample.episode_id]
+    best = max(siblings, key=lambda t: t.reward) if siblings else None
+    feedback = sample.feedback.strip()
+    if feedback:
+        feedback = truncate_tokens(tokenizer, redact_feedback(feedback) if redact else feedback, max_tokens=max_tokens // 2)
+    if placement == "chat_turn":
+        turns = fit_turns(tokenizer, own_turns(best.messages, instruction=best.instruction),
+                          max_tokens=max_tokens) if best is not None else []
+        if feedback:
+            turns = [*turns, {"role": "user", "content": SDPO_FEEDBACK_HEADER + feedback}]
+        return turns, best is not None, bool(feedback)
     parts = []
-    if siblings:
-        best = max(siblings, key=lambda t: t.reward)
+    if best is not None:
         parts.append("A successful attempt at this task:\n" + trajectory_transcript(tokenizer, best, max_tokens=max_tokens))
-    if sample.feedback.strip():
-        feedback = redact_feedback(sample.feedback.strip()) if redact else sample.feedback.strip()
-        parts.append("Feedback from the environment on an attempt:\n"
-                     + truncate_tokens(tokenizer, feedback, max_tokens=max_tokens // 2))
-    return "\n\n".join(parts), bool(siblings), bool(sample.feedback.strip())
+    if feedback:
+        parts.append(SDPO_FEEDBACK_HEADER + feedback)
+    return "\n\n".join(parts), best is not None, bool(feedback)

@@ -32,16 +32,20 @@ from lopd_core.algorithms.optim import clip_and_step, make_adamw
 from lopd_core.algorithms.prefix import StudentForwards
 from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
-from lopd_core.models.latent import text_context_prompt
+from lopd_core.models.latent import experiences_prompt, text_context_prompt
 from lopd_core.models.policy import STUDENT, STUDENT_EMA, PolicySet, hidden_states, logprobs_at
 
 SDPO_FRAMING_AFTER = "\n\nNow the task:\n"
 
 
-def sdpo_teacher_prompt(tokenizer, trajectory, context: str):
+def sdpo_teacher_prompt(tokenizer, trajectory, context: str | list[dict]):
     """The SDPO teacher's prompt: the trajectory's initial prompt with ``context`` (a sibling's success and
-    the feedback, :func:`~lopd_core.algorithms.context.sdpo_context`) in the task's user message."""
-    return text_context_prompt(tokenizer, trajectory.messages[: trajectory.initial_messages], trajectory.tools, context,
+    the feedback, :func:`~lopd_core.algorithms.context.sdpo_context`): text goes into the task's user
+    message, turns are played before the task."""
+    messages = trajectory.messages[: trajectory.initial_messages]
+    if isinstance(context, list):
+        return experiences_prompt(tokenizer, messages, trajectory.tools, [context], placement="chat_turn")
+    return text_context_prompt(tokenizer, messages, trajectory.tools, context,
                                framing_before=SDPO_FRAMING_BEFORE, framing_after=SDPO_FRAMING_AFTER)
 
 
@@ -90,7 +94,8 @@ class SDPO:
             start = (i // g) * g
             group = inputs.trajectories[start:start + g]
             context, sibling, feedback = sdpo_context(tok, group, i - start, max_tokens=self.cfg.lopd.experience_max_tokens,
-                                                      redact=self.sdpo.feedback == "redacted")
+                                                      redact=self.sdpo.feedback == "redacted",
+                                                      placement=self.sdpo.context_placement)
             if not context:
                 continue
             traj = inputs.trajectories[i]
