@@ -26,10 +26,12 @@ import json
 import math
 import statistics
 import time
+import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from lopd_core.checkpoint import latest_checkpoint
 from lopd_core.config import Config, DistillConfig
 from lopd_core.cycle import MlflowMetricLogger
 from lopd_core.envs import get_suite, suite_kind
@@ -360,12 +362,14 @@ class Comparison:
 
         curve_file = folder / "curve.jsonl"
         curve = [json.loads(line) for line in curve_file.read_text().splitlines()] if curve_file.exists() else []
+        fresh = not curve and latest_checkpoint(folder / "train") is None
         if not curve:
             curve.append({"step": 0, "episodes": 0, **base["fields"]})
             curve_file.write_text(json.dumps(curve[0]) + "\n")
 
         run_id = self.registry.comparison_run(
-            f"compare-{self.suite_name}", spec.key, tags={"method": spec.name, "seed": str(spec.seed)},
+            f"compare-{self.suite_name}", self.mlflow_key(folder, spec, fresh=fresh),
+            tags={"method": spec.name, "seed": str(spec.seed)},
             params={**run_params(cfg), "run": spec.name, "budget": self.budget, "eval_every": self.eval_every,
                     **{f"override.{k}": v for k, v in spec.overrides.items()}},
             config=cfg.model_dump(mode="json"))
@@ -421,6 +425,18 @@ class Comparison:
         result_file.write_text(json.dumps(summary, indent=2))
         attempt_file.unlink(missing_ok=True)
         return summary
+
+    @staticmethod
+    def mlflow_key(folder: Path, spec: RunSpec, *, fresh: bool) -> str:
+        """The MLflow identity of a run folder, kept in the folder: a run that starts from nothing gets a
+        new one (``<method>-s<seed>/<8 hex>``), so that two comparison roots, or a run deleted and played
+        again, never log into one MLflow run; a folder that predates the file resumes under ``spec.key``."""
+        key_file = folder / "mlflow_key"
+        if key_file.exists():
+            return key_file.read_text().strip()
+        key = f"{spec.key}/{uuid.uuid4().hex[:8]}" if fresh else spec.key
+        key_file.write_text(key + "\n")
+        return key
 
     def run_timed(self, spec: RunSpec) -> dict[str, Any]:
         """:meth:`run`, recording the wall time of an attempt that fails or is interrupted."""

@@ -374,7 +374,8 @@ class ModelRegistry:
 
     def comparison_run(self, experiment: str, key: str, *, params: dict[str, Any] | None = None,
                        tags: dict[str, str] | None = None, config: dict | None = None, flow_run_id: str = "") -> str:
-        """The MLflow run of one comparison run (``key`` = ``<method>-s<seed>``) in ``experiment``, created once."""
+        """The MLflow run of one comparison run (``key``: the run folder's, ``<method>-s<seed>/<id>``) in
+        ``experiment``, created once."""
         return self.keyed_run(self.experiment_for(experiment), "lopd.compare_run", key, params=params,
                               tags={"lopd.kind": "compare", **(tags or {})}, config=config, flow_run_id=flow_run_id)
 

@@ -44,7 +44,9 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
                              load_config("smoke").registry)
     experiment = registry.experiment_for("compare-toolworld")
     for key, method in (("lopd-s0", "lopd"), ("grpo-s0", "grpo")):
-        params = registry.find_run("lopd.compare_run", key, experiment).data.params
+        mlflow_key = (runs / key / "mlflow_key").read_text().strip()  # the run folder's own MLflow identity
+        assert mlflow_key.startswith(f"{key}/")
+        params = registry.find_run("lopd.compare_run", mlflow_key, experiment).data.params
         assert params["method"] == params["run"] == method and params["budget"] == "4"
     grpo_row = next(line for line in text.split("## Training signals")[1].splitlines() if line.startswith("| grpo |"))
     assert grpo_row.endswith("| – | – | – | – | – |")
@@ -157,6 +159,19 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert [t["lopd-s0_feedback"] for t in more["per_task"]] == [t["lopd-s0_feedback"] for t in tasks["per_task"]]
     assert all("grpo-s0_reward" in t for t in more["per_task"])
     assert more["commands"] == [tasks["command"], more["command"]] and "--runs lopd-s0" in tasks["command"]
+
+
+def test_a_run_played_from_nothing_gets_its_own_mlflow_run(tmp_path):
+    from lopd_core.compare import Comparison, RunSpec
+
+    spec = RunSpec("grpo", 0)
+    first, again, legacy = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for folder in (first, again, legacy):
+        folder.mkdir()
+    key = Comparison.mlflow_key(first, spec, fresh=True)
+    assert key.startswith("grpo-s0/") and Comparison.mlflow_key(first, spec, fresh=False) == key  # kept on resume
+    assert Comparison.mlflow_key(again, spec, fresh=True) != key  # the same run played again: a new MLflow run
+    assert Comparison.mlflow_key(legacy, spec, fresh=False) == "grpo-s0"  # a folder from before resumes its run
 
 
 def test_heldout_resume_keeps_earlier_runs_only_when_the_base_answers_are_the_same():
