@@ -9,6 +9,8 @@ Assembles ``benchmarks/results/self_improvement.json`` from what the experiments
 - ``--report``: the comparison report's ``results.json`` (its runs carry the training signals from MLflow);
 - ``--probe``: one or more ``lopd probe-teacher --out`` results (each teacher's privilege on the base's episodes).
 
+``pairs`` holds LOPD against every other method, paired per task on the final full evaluations.
+
     python -m benchmarks.self_improvement --root $LOPD_HOME/compare/toolworld \\
         --passk runs/probes/passk/passk-toolworld-T0.7-k16-s0.json --probe runs/probes/teacher.json
 
@@ -23,7 +25,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from lopd_core.compare_report import paired_intervals
+from lopd_core.compare_report import final_rows, paired_intervals
+from lopd_core.stats import paired_cluster_bootstrap
 from lopd_core.workspace import lopd_home, portable
 
 RESULTS = Path(__file__).parent / "results" / "self_improvement.json"
@@ -82,6 +85,7 @@ def assemble(root: Path, passk: list[Path], probes: list[Path], report: Path | N
             "per_family": {"test": paired.get("test", {}).get("per_family_reward", {}).get(name, {}),
                            "validation": paired.get("validation", {}).get("per_family_reward", {}).get(name, {})},
         }
+    out["pairs"] = lopd_pairs(root, by_name)
     for probe in probes:  # e.g. the text teacher's probe and the latent teacher's (a composer cold-started elsewhere)
         teachers = json.loads(probe.read_text())["teachers"]
         for name, row in teachers.items():
@@ -90,6 +94,28 @@ def assemble(root: Path, passk: list[Path], probes: list[Path], report: Path | N
                                     "privilege_first_token": row["privilege_first_token"],
                                     "ci95_low": row["first_token_ci95_low"], "ci95_high": row["first_token_ci95_high"],
                                     "successes": row["successes"], "failures": row["failures"]}
+    return out
+
+
+def lopd_pairs(root: Path, by_name: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """LOPD against every other method on the same tasks (``lopd_minus_<name>``): the paired difference of
+    their final full evaluations, each method's seeds averaged per task, with the cluster-bootstrap interval."""
+    out: dict[str, Any] = {}
+    if "lopd" not in by_name:
+        return out
+    rows = {name: {split: [row for run in group for row in final_rows(root, run, split)]
+                   for split in ("test", "validation")} for name, group in by_name.items()}
+    for name, group in by_name.items():
+        if name == "lopd":
+            continue
+        pair: dict[str, Any] = {"seeds": [len(by_name["lopd"]), len(group)]}
+        for split in ("test", "validation"):
+            if rows["lopd"][split] and rows[name][split]:
+                d = paired_cluster_bootstrap(rows["lopd"][split], rows[name][split], metric="reward")
+                pair[f"{split}_reward"] = {k: round(d[k], 3) for k in ("mean_diff", "ci95_low", "ci95_high")}
+                pair["tasks"] = d["tasks"]
+        if len(pair) > 1:
+            out[f"lopd_minus_{name}"] = pair
     return out
 
 

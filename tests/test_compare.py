@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def _compare(home, models_dir, report, methods, *extra):
     return subprocess.run(
@@ -138,6 +140,15 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     base_fields = json.loads((root / "shared.json").read_text())["base_eval"]["fields"]["test"]
     assert si["base"]["mean_reward"] == base_fields["test/mean_reward"]
     assert si["teacher"]["text/chat_turn"]["ci95_low"] == 0.2 and str(home) not in gathered.read_text()
+    # LOPD against each other method on the same tasks: the mean of the per-task differences
+    from lopd_core.compare_report import final_rows
+    from lopd_core.stats import per_task_means
+
+    runs_by = {r["name"]: r for r in json.loads((report / "results.json").read_text())["runs"]}
+    for other in ("grpo", "none"):
+        ours, theirs = (per_task_means(final_rows(root, runs_by[n], "test"), "reward") for n in ("lopd", other))
+        expected = sum(ours[t] - theirs[t] for t in ours) / len(ours)
+        assert si["pairs"][f"lopd_minus_{other}"]["test_reward"]["mean_diff"] == pytest.approx(expected, abs=1e-3)
 
     # per-task held-out outcomes of the base model and a run's final student (same tasks as the evaluations)
     from benchmarks import heldout_tasks
