@@ -381,13 +381,13 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
     gate = {}
     if d.method == "lopd" and start_step == 0 and d.lopd.privilege_gate != "off" and bank is not None and bank.successes:
         gate = privilege_gate(cfg, policies, suite, bank, composer=composer if needs_composer(cfg) else None)
+    overheads["gate"] = time.perf_counter() - clock
 
     g = algorithm.episodes_per_task
     tasks_per_step = d.tasks_per_step // g
     pool = task_order(suite, cfg, n_tasks=max(tasks_per_step * d.steps, 1), tasks=tasks)
     rollout_suite = algorithm.rollout_suite(suite) if hasattr(algorithm, "rollout_suite") else suite
     plays = getattr(algorithm, "plays_rollouts", True)
-    overheads["gate"] = time.perf_counter() - clock
     clock = time.perf_counter()
     engine = engine or _make_engine(cfg, policies)
     overheads["engine_start"] = time.perf_counter() - clock
