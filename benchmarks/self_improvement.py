@@ -25,7 +25,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from lopd_core.compare_report import final_rows, paired_intervals
+from lopd_core.compare_report import method_rows, paired_intervals
 from lopd_core.stats import paired_cluster_bootstrap
 from lopd_core.workspace import lopd_home, portable
 
@@ -103,8 +103,8 @@ def lopd_pairs(root: Path, by_name: dict[str, list[dict[str, Any]]]) -> dict[str
     out: dict[str, Any] = {}
     if "lopd" not in by_name:
         return out
-    rows = {name: {split: [row for run in group for row in final_rows(root, run, split)]
-                   for split in ("test", "validation")} for name, group in by_name.items()}
+    rows = {name: {split: method_rows(root, group, split) for split in ("test", "validation")}
+            for name, group in by_name.items()}
     for name, group in by_name.items():
         if name == "lopd":
             continue

@@ -164,9 +164,9 @@ def probe_teacher(
     if sdpo:  # does naming the expected answer make SDPO's teacher skip the tool call?
         for feedback in ("full", "redacted"):
             err.print(f"SDPO teacher, feedback {feedback}…", highlight=False)
-            record(f"sdpo/{cfg.distill.sdpo.context_placement}/{feedback}", probe(cfg, policies, suite_obj, rows, bank, composer=None, sdpo_feedback=feedback,
-                                             max_successes=max_successes, max_failures=max_failures,
-                                             base_cache=base_cache))
+            row = probe(cfg, policies, suite_obj, rows, bank, composer=None, sdpo_feedback=feedback,
+                        max_successes=max_successes, max_failures=max_failures, base_cache=base_cache)
+            record(f"sdpo/{cfg.distill.sdpo.context_placement}/{feedback}", row)
     report["seconds"] = round(time.perf_counter() - started, 1)
     save()
     if as_json:

@@ -198,6 +198,11 @@ def final_rows(root: Path, run: dict[str, Any], split: str) -> list[dict[str, An
     return _rows(files[-1]) if files else []
 
 
+def method_rows(root: Path, runs: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+    """The final full evaluation's task rows of all runs (seeds) of one method on ``split``."""
+    return [row for r in runs for row in final_rows(root, r, split)]
+
+
 def paired_intervals(result: dict[str, Any]) -> dict[str, Any]:
     """Per split and method: the paired difference to the base model on the final full evaluation (seeds
     averaged per task), its cluster-bootstrap interval and MDE, for mean reward and success; per family, the
@@ -213,7 +218,7 @@ def paired_intervals(result: dict[str, Any]) -> dict[str, Any]:
         methods: dict[str, Any] = {}
         families: dict[str, dict[str, float]] = {"base": per_family(base, "reward")}
         for name, runs in group_runs(result["runs"]).items():
-            rows = [row for r in runs for row in final_rows(root, r, split)]
+            rows = method_rows(root, runs, split)
             if not rows:
                 continue
             methods[name] = {metric: paired_cluster_bootstrap(rows, base, metric=metric)

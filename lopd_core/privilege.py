@@ -160,7 +160,7 @@ def teacher_builder(cfg: Config, policies: PolicySet, contexts: dict[str, list[E
 
 def sdpo_teacher_builder(policies: PolicySet, contexts: dict[str, str | list[dict]]) -> PromptBuilder:
     """SDPO's teacher at its start (the EMA is still the base model): the episode's prompt with its context
-    text (a successful sibling and the environment's feedback) in the task message."""
+    (a successful sibling and the environment's feedback), placed by :func:`~lopd_core.algorithms.sdpo.sdpo_teacher_prompt`."""
     def build(rows: list[Trajectory]):
         prompts = [sdpo_teacher_prompt(policies.tokenizer, r, contexts[r.episode_id]) for r in rows]
         return prompts, lambda batch: model_logprobs(policies, None, batch)

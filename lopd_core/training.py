@@ -403,7 +403,7 @@ def train(cfg: Config, *, suite: Suite, bank: Bank | None, run_dir: Path, studen
     # the run's training-episode budget is steps × B; extra episodes (GRPO's top-ups) are paid from it, so a
     # method that plays more per step takes fewer steps and every method ends with at most the same episodes
     episode_budget = float(d.steps * tasks_per_step * g)
-    step_cost = float(tasks_per_step * g) if plays else float(d.tasks_per_step)
+    step_cost = float(tasks_per_step * g)  # what a step adds to budget["episodes"], played or not
     last_step = start_step - 1
     bar = tqdm(range(start_step, d.steps), desc=f"{d.method} steps", unit="step", disable=not progress or not lead)
     for step in bar:
