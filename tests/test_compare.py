@@ -264,6 +264,12 @@ def test_run_order_is_seed_major_then_ablations_and_names_are_checked():
         run_specs(["lopd"], 1, ablations=["lopd_k9"])
     with pytest.raises(ValueError, match="unknown method 'ppo'"):
         run_specs(["ppo"], 1)
+    # --seeds-for also gives an ablation more seeds (seed-major after the methods); a name the plan does not
+    # run is an error
+    more = run_specs(["lopd"], 1, ablations=["lopd_text", "lopd_m0"], seeds_by_method={"lopd_text": 3})
+    assert [s.key for s in more] == ["lopd-s0", "lopd_text-s0", "lopd_m0-s0", "lopd_text-s1", "lopd_text-s2"]
+    with pytest.raises(ValueError, match="seeds-for names lopd_txt, which this comparison does not run"):
+        run_specs(["lopd"], 1, ablations=["lopd_text"], seeds_by_method={"lopd_txt": 3})
     # the learning-rate grid: one seed per method and rate, on the method's own learning-rate field
     grid = run_specs(["lopd", "rft_hinted", "none"], 1, lr_grid=[3e-5, 3e-4])
     assert [s.key for s in grid[3:]] == ["lopd@lr3e-5-s0", "rft_hinted@lr3e-5-s0", "lopd@lr3e-4-s0",
