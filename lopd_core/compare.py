@@ -264,10 +264,13 @@ class Comparison:
         return path
 
     def cold_start(self, cfg: Config) -> Path:
-        """The cold-started composer for these composer settings, trained once on the bank."""
+        """The cold-started composer for these composer settings, trained once on the bank.
+
+        The key's ``e2`` is the encoder input's version (the header on top of the experience's budget): a
+        root's composer cold-started on the earlier inputs is not reused for the new ones."""
         lopd = cfg.distill.lopd
         key = (f"k{lopd.n_latents}-d{lopd.compressor_depth}-j{lopd.n_retrieved}-{lopd.context_placement}-"
-               f"{lopd.retrieval_family}-t{lopd.experience_max_tokens}")
+               f"{lopd.retrieval_family}-t{lopd.experience_max_tokens}-e2")
         out = self.root / "cold_start" / key
         if (out / "lopd_composer.json").exists():
             return out

@@ -299,7 +299,7 @@ class LOPDConfig(_Section):
     exclude_same_task: bool = True
     """Never retrieve experiences of the same task id (same-task hit rate is logged when allowed)."""
     experience_max_tokens: int = Field(256, ge=16)
-    """Encoder input per experience is truncated to this many tokens."""
+    """Tokens an experience is given in a teacher's prompt and in the encoder input (observations shortened first, then whole turns dropped from the end, never cut inside an action); the encoder's header naming the current task comes on top."""
     reuse_teacher_forward: bool = True
     """Per micro-batch, run the teacher once with the composer graph: its detached top-M supervises the student and its graph gives the composer's loss (the same numbers, one teacher and one encoder forward fewer, the graph held through the student's forward; off = separate teacher and composer forwards)."""
     encoder_micro_batch: int = Field(0, ge=0)

@@ -221,3 +221,36 @@ def test_a_stored_toolworld_experience_shows_its_tool_call_to_the_encoder_and_th
                                                               placement=placement).ids)
             assert call in prompt and experience.instruction in prompt, (domain, placement)
         assert pd.notna(row["text"])
+
+
+def test_a_codegen_experience_shows_its_code_to_the_encoder_even_beside_a_long_request(tiny_tokenizer):
+    """With the real SmolLM2 tokenizer and the demo's 256-token budget: the encoder's header (the current
+    task, here a codegen request with its example) comes on top of the experience's budget, so an experience
+    whose answer is code plus a sentence of prose, as the model writes them, keeps its code. Before, the
+    header was taken out of the budget and the answer turn was dropped whole (seen in a run's inputs.md)."""
+    from lopd_core.envs import get_suite
+    from lopd_core.models.composer import encoder_ids, experience_text
+    from lopd_core.records.experience import Experience
+    from lopd_core.rollout.oracle import oracle_episode
+
+    budget = load_config("demo").distill.lopd.experience_max_tokens
+    suite = get_suite("codegen")
+    tasks = suite.tasks("train", 40, level=1, seed=0)
+    # the family with the longest request, and another task of it as the current one
+    longest = max(tasks, key=lambda t: len(tiny_tokenizer.encode(t.instruction)))
+    current = next(t for t in suite.tasks("train", 40, level=1, seed=1) if t.family == longest.family)
+    episode = oracle_episode(tiny_tokenizer, suite, longest)
+    code = episode.messages[-1]["content"]
+    assert code.startswith("```python")
+    answer = code + ("\n\nThis function walks the input once and builds the result in a new list, leaving the "
+                     "argument unchanged, and returns it.")
+    messages = [*episode.messages[:-1], {"role": "assistant", "content": answer}]
+    experience = Experience(experience_id="e0", episode_id="ep0", task_id=longest.task_id, suite="codegen",
+                            family=longest.family, instruction=longest.instruction, text=answer, messages=messages)
+    ids = encoder_ids(tiny_tokenizer, current.instruction, experience, max_tokens=budget)
+    encoded = tiny_tokenizer.decode(ids)
+    assert code.strip("`\n").removeprefix("python") in encoded
+    assert current.instruction in encoded and longest.instruction in encoded
+    # the experience's part is exactly what a text teacher is shown of it, within the budget
+    shown = experience_text(tiny_tokenizer, experience, max_tokens=budget)
+    assert encoded.endswith(shown) and len(tiny_tokenizer.encode(shown)) <= budget

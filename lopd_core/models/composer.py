@@ -3,8 +3,9 @@
 What this module is:
 
 - the encoder input text of one (task, experience) pair: "Task to solve:\\n{task}\\n\\nReference past
-  trajectory:\\n{the experience rendered with the chat template}", truncated to
-  ``lopd.experience_max_tokens`` tokens (the head is kept);
+  trajectory:\\n{the experience rendered with the chat template}", the experience fitted to
+  ``lopd.experience_max_tokens`` tokens (observations shortened first, never cut inside an action), the
+  header on top;
 - the encoder ψ: the shared frozen backbone with the ``encoder`` LoRA adapter live (see
   :mod:`lopd_core.models.policy`); its output is the last-layer hidden states of the whole sequence;
 - the compressor χ (:class:`Compressor`): a Perceiver-resampler / Q-Former. K learned queries
@@ -148,14 +149,17 @@ ENCODER_HEADER = "Task to solve:\n{task}\n\nReference past trajectory:\n"
 
 
 def encoder_text(tokenizer, task_instruction: str, experience: Experience, *, max_tokens: int) -> str:
-    """The encoder's input for one (task, experience) pair; the experience gets what the header leaves."""
-    header = ENCODER_HEADER.format(task=task_instruction)
-    budget = max(max_tokens - len(encode(tokenizer, header)), 1)
-    return header + experience_text(tokenizer, experience, max_tokens=budget)
+    """The encoder's input for one (task, experience) pair: the header naming the current task, then the
+    experience in its own budget ``max_tokens`` — the same turns a text teacher is shown of it
+    (:func:`experience_turns`). The header comes on top of the budget: taken out of it, a long request
+    (a codegen task with its example) left the experience too little room for its answer, and the encoder
+    saw the experience's request without the code that solved it."""
+    return ENCODER_HEADER.format(task=task_instruction) + experience_text(tokenizer, experience, max_tokens=max_tokens)
 
 
 def encoder_ids(tokenizer, task_instruction: str, experience: Experience, *, max_tokens: int) -> list[int]:
-    return encode(tokenizer, encoder_text(tokenizer, task_instruction, experience, max_tokens=max_tokens))[:max_tokens]
+    """Token ids of :func:`encoder_text`: at most the header's tokens plus ``max_tokens``."""
+    return encode(tokenizer, encoder_text(tokenizer, task_instruction, experience, max_tokens=max_tokens))
 
 
 def pad_right(sequences: list[list[int]], *, pad_id: int, device) -> tuple[Tensor, Tensor]:
