@@ -113,7 +113,7 @@ def test_cold_start_holds_out_tasks_keeps_its_best_composer_and_stops_early(tiny
 
     cfg = load_config("smoke").with_overrides({
         "workspace.models_dir": str(models_dir), "distill.lopd.retrieval_family": "any",
-        "distill.lopd.cold_start.steps": 30, "distill.lopd.cold_start.lr": 0.3,  # too large: it overshoots
+        "distill.lopd.cold_start.steps": 30, "distill.lopd.cold_start.lr": 1.0,  # too large: it overshoots
         "distill.lopd.cold_start.validation_fraction": 0.5, "distill.lopd.cold_start.eval_every": 1,
         "distill.lopd.cold_start.patience": 2})
     result = cold_start(cfg, retriever=retriever, out_dir=tmp_path / "composer", trajectories=rows, progress=False)
