@@ -126,10 +126,12 @@ def lr_key(method: str) -> str:
 def run_specs(methods: list[str], seeds: int, *, ablations: list[str] | None = None, ablation_seeds: int = 1,
               seeds_by_method: dict[str, int] | None = None, lr_grid: list[float] | None = None) -> list[RunSpec]:
     """The runs in execution order: seed 0 of every method, then seed 1, …, then the ablations (seed-major
-    too), then the learning-rate grid (``<method>@lr<value>``, one seed each, for every method that trains).
+    too), then the learning-rate grid (``<method>@lr<value>`` for every method that trains; seed-major, one
+    seed each unless named in ``seeds_by_method``).
 
-    ``seeds_by_method`` overrides the seed count of a method (default ``seeds``) or of an ablation (default
-    ``ablation_seeds``) of this plan; a name that is neither is an error, not silently ignored.
+    ``seeds_by_method`` overrides the seed count of a method (default ``seeds``), of an ablation (default
+    ``ablation_seeds``) or of a grid point (default 1, e.g. ``lopd@lr3e-4``) of this plan; a name that is none
+    of these is an error, not silently ignored.
     Seed-major, so that a comparison cut short after a few hours already holds every method once."""
     for m in methods:
         if m not in BASELINES:
@@ -137,24 +139,29 @@ def run_specs(methods: list[str], seeds: int, *, ablations: list[str] | None = N
     for a in ablations or []:
         if a not in ABLATIONS:
             raise ValueError(f"unknown ablation '{a}'; choose from {', '.join(ABLATIONS)}")
+    grid = []  # (name, overrides) per rate and method, rate-major
+    for lr in lr_grid or []:
+        if not lr > 0:
+            raise ValueError(f"learning rate {lr} in the grid is not positive")
+        mantissa, exponent = f"{lr:e}".split("e")
+        rate = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"  # 3e-4, 1.5e-5
+        grid += [(f"{m}@lr{rate}", {**METHODS[m], lr_key(METHODS[m]["distill.method"]): lr})
+                 for m in methods if m != "none"]
     per_run = seeds_by_method or {}
-    stray = sorted(set(per_run) - set(methods) - set(ablations or []))
+    stray = sorted(set(per_run) - set(methods) - set(ablations or []) - {name for name, _ in grid})
     if stray:
         raise ValueError(f"seeds-for names {', '.join(stray)}, which this comparison does not run "
-                         f"(methods: {', '.join(methods) or 'none'}; ablations: {', '.join(ablations or []) or 'none'})")
+                         f"(methods: {', '.join(methods) or 'none'}; ablations: {', '.join(ablations or []) or 'none'}"
+                         f"; grid points: {', '.join(name for name, _ in grid) or 'none'})")
     n_seeds = {m: per_run.get(m, seeds) for m in methods}
     specs = [RunSpec(m, s, dict(METHODS[m]))
              for s in range(max(n_seeds.values(), default=0)) for m in methods if s < n_seeds[m]]
     n_abl = {a: per_run.get(a, ablation_seeds) for a in ablations or []}
     specs += [RunSpec(a, s, {"distill.method": "lopd", **ABLATIONS[a]})
               for s in range(max(n_abl.values(), default=0)) for a in ablations or [] if s < n_abl[a]]
-    for lr in lr_grid or []:
-        if not lr > 0:
-            raise ValueError(f"learning rate {lr} in the grid is not positive")
-        mantissa, exponent = f"{lr:e}".split("e")
-        name = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"  # 3e-4, 1.5e-5
-        specs += [RunSpec(f"{m}@lr{name}", 0, {**METHODS[m], lr_key(METHODS[m]["distill.method"]): lr})
-                  for m in methods if m != "none"]
+    n_grid = {name: per_run.get(name, 1) for name, _ in grid}
+    specs += [RunSpec(name, s, overrides)
+              for s in range(max(n_grid.values(), default=0)) for name, overrides in grid if s < n_grid[name]]
     return specs
 
 

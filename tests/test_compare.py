@@ -278,6 +278,13 @@ def test_run_order_is_seed_major_then_ablations_and_names_are_checked():
     assert grid[4].method == "rft"
     cfg = load_config("demo").with_overrides({"distill.lr_student": 1e-4, **grid[5].overrides})
     assert cfg.distill.student_lr() == 3e-4  # the grid's rate wins over the shared one
+    # --seeds-for gives a grid point more seeds too (seed-major after the grid's seed 0); a misspelt one fails
+    more = run_specs(["lopd", "grpo"], 1, lr_grid=[3e-4], seeds_by_method={"lopd@lr3e-4": 3})
+    assert [s.key for s in more] == ["lopd-s0", "grpo-s0", "lopd@lr3e-4-s0", "grpo@lr3e-4-s0",
+                                     "lopd@lr3e-4-s1", "lopd@lr3e-4-s2"]
+    assert more[-1].overrides == more[2].overrides
+    with pytest.raises(ValueError, match="seeds-for names lopd@lr3e-5.*grid points: lopd@lr3e-4, grpo@lr3e-4"):
+        run_specs(["lopd", "grpo"], 1, lr_grid=[3e-4], seeds_by_method={"lopd@lr3e-5": 3})
 
 
 def test_report_names_the_curves_that_overlap_in_the_plot(tmp_path):
