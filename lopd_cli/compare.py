@@ -31,7 +31,7 @@ def compare(
     seeds: Annotated[int, typer.Option(help="Seeds per method (override per method with --seeds-for).")] = 1,
     seeds_for: Annotated[str, typer.Option("--seeds-for", help="Seeds per method, ablation or grid point, e.g. 'lopd=3,grpo=3,lopd_text=3,lopd@lr3e-4=3' (ablations and grid points default to 1).")] = "",
     ablations: Annotated[str, typer.Option(help="Comma-separated: lopd_frozen, lopd_m0, lopd_text, lopd_k8, lopd_k32, lopd_j1, lopd_j3, lopd_signed, lopd_user_framing, lopd_system, lopd_chat_turn, lopd_any_family, lopd_oracle_fallback.")] = "",
-    lr_grid: Annotated[str, typer.Option("--lr-grid", help="Comma-separated learning rates, e.g. '3e-5,3e-4': one more run per method and rate (named <method>@lr<rate>, seed 0), to be scored on validation.")] = "",
+    lr_grid: Annotated[str, typer.Option("--lr-grid", help="Comma-separated learning rates, e.g. '3e-5,3e-4': one more run per method and rate (named <method>@lr<rate>, seed 0; more seeds with --seeds-for), to be scored on validation.")] = "",
     eval_every: Annotated[int, typer.Option(help="Evaluate every this many steps (default: evaluate.every_steps).")] = 0,
     eval_tasks: Annotated[int, typer.Option(help="Held-out tasks per evaluation (default: evaluate.n_tasks).")] = 0,
     seed_episodes: Annotated[int, typer.Option(help="Base-model episodes that seed the experience bank (default: rollout.n_tasks).")] = 0,
