@@ -153,16 +153,17 @@ def run_specs(methods: list[str], seeds: int, *, ablations: list[str] | None = N
         raise ValueError(f"seeds-for names {', '.join(stray)}, which this comparison does not run "
                          f"(methods: {', '.join(methods) or 'none'}; ablations: {', '.join(ablations or []) or 'none'}"
                          f"; grid points: {', '.join(name for name, _ in grid) or 'none'})")
-    n_seeds = {m: per_run.get(m, seeds) for m in methods}
-    specs = [RunSpec(m, s, dict(METHODS[m]))
-             for s in range(max(n_seeds.values(), default=0)) for m in methods if s < n_seeds[m]]
-    n_abl = {a: per_run.get(a, ablation_seeds) for a in ablations or []}
-    specs += [RunSpec(a, s, {"distill.method": "lopd", **ABLATIONS[a]})
-              for s in range(max(n_abl.values(), default=0)) for a in ablations or [] if s < n_abl[a]]
-    n_grid = {name: per_run.get(name, 1) for name, _ in grid}
-    specs += [RunSpec(name, s, overrides)
-              for s in range(max(n_grid.values(), default=0)) for name, overrides in grid if s < n_grid[name]]
-    return specs
+    return (_seed_major([(m, dict(METHODS[m])) for m in methods], per_run, seeds)
+            + _seed_major([(a, {"distill.method": "lopd", **ABLATIONS[a]}) for a in ablations or []], per_run,
+                          ablation_seeds)
+            + _seed_major(grid, per_run, 1))
+
+
+def _seed_major(runs: list[tuple[str, dict[str, Any]]], per_run: dict[str, int], default: int) -> list[RunSpec]:
+    """Seed 0 of every run, then seed 1, …; a run's seed count from ``per_run``, else ``default``."""
+    counts = {name: per_run.get(name, default) for name, _ in runs}
+    return [RunSpec(name, s, dict(overrides))
+            for s in range(max(counts.values(), default=0)) for name, overrides in runs if s < counts[name]]
 
 
 # --------------------------------------------------------------------------------------------------
