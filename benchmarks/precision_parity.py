@@ -1,10 +1,13 @@
-"""Is bf16 autocast safe for LOPD's signal? Per-token δ and the margin Δ in bf16 against fp32, and the speed.
+"""Is bf16 safe for LOPD's signal? Per-token δ, the margin Δ and the student's gradient against fp32, and the speed.
 
 The same toolworld oracle episodes are replayed through a text-context teacher (chat-turn experiences) and
-the base model, once with ``model.autocast=off`` and once with ``bfloat16`` (decoder matmuls in bf16; the LM
-head, log-softmax, δ and Δ in fp32). Reported: the largest and the mean per-token change of δ = log p_T −
-log p_base, the change of the balanced margin, and the median time of a student forward+backward on the
-episodes in each precision (ratio in the same process).
+the base model in fp32 and in two bf16 modes: ``model.autocast=bfloat16`` (decoder matmuls in bf16 in forward
+and backward; the LM head, log-softmax, δ and Δ in fp32) and ``model.bf16_backward`` (every forward in fp32,
+the input gradients through frozen weights in bf16; :mod:`lopd_core.models.precision`). Reported per mode:
+the largest and the mean per-token change of δ = log p_T − log p_base, the change of the balanced margin, the
+cosine and relative error of the student's LoRA gradient (negative log-likelihood of the actions, small random
+LoRA B so that every matrix gets a gradient), and the median time of that student forward+backward (ratio to
+fp32 in the same process).
 
     python -m benchmarks.precision_parity                  # SmolLM2-135M (prepared), 8 episodes
     python -m benchmarks.precision_parity --model tiny --sharpen 10
@@ -26,13 +29,14 @@ import torch
 
 from lopd_core import losses
 from lopd_core.algorithms.batch import to_padded
-from lopd_core.algorithms.logprobs import model_logprobs, plain_student_batch, student_logprobs
+from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, plain_student_batch, student_logprobs
 from lopd_core.algorithms.synthetic import experience_of
 from lopd_core.config import load_config
 from lopd_core.envs import get_suite
 from lopd_core.models.composer import experience_turns
 from lopd_core.models.latent import experiences_prompt
-from lopd_core.models.policy import build_policy_set
+from lopd_core.models.loading import resolve_model_path
+from lopd_core.models.policy import STUDENT, build_policy_set
 from lopd_core.privilege import action_logprobs
 from lopd_core.rollout.oracle import oracle_episode
 
@@ -62,29 +66,47 @@ def balanced_margin(per_episode: list[torch.Tensor], rewards: list[float]) -> fl
     return float(losses.privilege_margin(to_padded(torch.cat(per_episode), mask), mask, weights))
 
 
-def step_seconds(policies, episodes, repeats: int) -> float:
-    """Median seconds of one student forward + backward over the episodes (two at a time)."""
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for start in range(0, len(episodes), 2):
-            batch = plain_student_batch(policies, episodes[start:start + 2])
-            lp = student_logprobs(policies, batch)
-            (-lp.max(-1).values.mean()).backward()
-        for p in policies.student_parameters():
-            p.grad = None
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+MODES = {"fp32": {}, "autocast": {"autocast": "bfloat16"}, "bf16_backward": {"bf16_backward": True}}
+"""The precisions compared with fp32: bf16 autocast (forward and backward matmuls) and bf16 in backward only."""
+
+
+def _perturb_student(policies) -> None:
+    """A fresh LoRA student has B = 0, so A gets no gradient; small random Bs make every matrix's gradient count."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in policies.base.named_parameters():
+            if "lora_B" in name and name.endswith(f"{STUDENT}.weight"):
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.01)
+
+
+def student_step(policies, episodes) -> tuple[float, torch.Tensor]:
+    """Seconds of one student forward + backward over the episodes (two at a time) with the negative
+    log-likelihood of their actions as the loss, and the LoRA gradient it leaves (flattened)."""
+    started = time.perf_counter()
+    for start in range(0, len(episodes), 2):
+        batch = plain_student_batch(policies, episodes[start:start + 2])
+        lp = gather_tokens(student_logprobs(policies, batch), batch.target_ids[batch.mask.bool()])
+        (-lp.sum() / len(episodes)).backward()
+    seconds = time.perf_counter() - started
+    params = list(policies.student_parameters())
+    grad = torch.cat([p.grad.flatten() for p in params])
+    for p in params:
+        p.grad = None
+    return seconds, grad
 
 
 def compare_precisions(cfg, models_dir, *, episodes: int = 6, sharpen: float = 1.0, repeats: int = 0) -> dict:
+    """Each mode of :data:`MODES` against fp32 on the same replayed episodes: the change of every per-token δ
+    and of the balanced margin, the cosine of the student's LoRA gradient, and (``repeats``) the median step time."""
     suite = get_suite("toolworld")
     tasks = [t for t in suite.tasks("train", 80, level=1, seed=4) if t.family.startswith("weather")][:episodes]
+    resolve_model_path(cfg.model.base, models_dir)  # made here if missing, so every build below draws the same LoRA init
     results = {}
-    for precision in ("off", "bfloat16"):
+    for mode, update in MODES.items():
         torch.manual_seed(0)
-        policies = build_policy_set(cfg.model.model_copy(update={"autocast": precision}), cfg.distill.lopd, models_dir,
-                                    device="cpu")
+        policies = build_policy_set(cfg.model.model_copy(update={"autocast": "off", "bf16_backward": False, **update}),
+                                    cfg.distill.lopd, models_dir, device="cpu")
+        _perturb_student(policies)
         if sharpen != 1.0:
             with torch.no_grad():
                 policies.base.get_input_embeddings().weight.mul_(sharpen)
@@ -93,18 +115,29 @@ def compare_precisions(cfg, models_dir, *, episodes: int = 6, sharpen: float = 1
             e.reward = 1.0 if i % 2 == 0 else 0.0
         contexts = {e.episode_id: experience_of(rows[(i + 2) % len(rows)]) for i, e in enumerate(rows)}
         per_episode = deltas(policies, rows, contexts)
-        results[precision] = {"deltas": per_episode, "margin": balanced_margin(per_episode, [e.reward for e in rows]),
-                              "step_s": step_seconds(policies, rows, repeats) if repeats else None}
-    fp32, bf16 = results["off"], results["bfloat16"]
-    diffs = torch.cat([(a - b).abs() for a, b in zip(fp32["deltas"], bf16["deltas"], strict=True)])
-    return {"episodes": len(tasks), "action_tokens": int(diffs.numel()),
+        _, grad = student_step(policies, rows)
+        times = [student_step(policies, rows)[0] for _ in range(repeats)]
+        results[mode] = {"deltas": per_episode, "margin": balanced_margin(per_episode, [e.reward for e in rows]),
+                         "grad": grad, "step_s": statistics.median(times) if times else None}
+    fp32 = results["fp32"]
+    out = {"episodes": len(tasks), "action_tokens": sum(len(d) for d in fp32["deltas"]), "margin_fp32": fp32["margin"],
+           "delta_fp32_max_abs": max(float(d.abs().max()) for d in fp32["deltas"]), "step_s_fp32": fp32["step_s"],
+           "modes": {}}
+    for mode in MODES:
+        if mode == "fp32":
+            continue
+        other = results[mode]
+        diffs = torch.cat([(a - b).abs() for a, b in zip(fp32["deltas"], other["deltas"], strict=True)])
+        margin_change = abs(fp32["margin"] - other["margin"])
+        out["modes"][mode] = {
             "delta_max_abs_change": float(diffs.max()), "delta_mean_abs_change": float(diffs.mean()),
-            "delta_p99_abs_change": float(diffs.quantile(0.99)), "margin_fp32": fp32["margin"],
-            "margin_bf16": bf16["margin"], "margin_abs_change": abs(fp32["margin"] - bf16["margin"]),
-            "delta_fp32_max_abs": max(float(d.abs().max()) for d in fp32["deltas"]),
-            "step_s_fp32": fp32["step_s"], "step_s_bf16": bf16["step_s"],
-            "speedup": fp32["step_s"] / bf16["step_s"] if repeats else None,
-            "within_tolerance": float(diffs.max()) <= TOLERANCE and abs(fp32["margin"] - bf16["margin"]) <= TOLERANCE}
+            "delta_p99_abs_change": float(diffs.quantile(0.99)), "margin": other["margin"],
+            "margin_abs_change": margin_change,
+            "grad_cosine": float(torch.nn.functional.cosine_similarity(fp32["grad"].double(), other["grad"].double(), dim=0)),
+            "grad_relative_error": float((fp32["grad"] - other["grad"]).norm() / fp32["grad"].norm()),
+            "step_s": other["step_s"], "speedup": fp32["step_s"] / other["step_s"] if repeats else None,
+            "within_tolerance": float(diffs.max()) <= TOLERANCE and margin_change <= TOLERANCE}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

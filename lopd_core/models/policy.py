@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from lopd_core.config import LOPDConfig, ModelConfig
 from lopd_core.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from lopd_core.models.precision import install_bf16_backward
 
 STUDENT = "student"
 ENCODER = "encoder"
@@ -330,6 +331,8 @@ def build_policy_set(model_cfg: ModelConfig, lopd_cfg: LOPDConfig, models_dir: P
     if model_cfg.student == "lora":
         policies.add_adapter(STUDENT, rank=model_cfg.lora_rank, alpha=model_cfg.lora_alpha,
                              targets=model_cfg.lora_targets, trainable=True)
+    if model_cfg.bf16_backward:
+        install_bf16_backward(peft_model)  # a full student's weights train, so its gradients stay fp32
     policies._set_active(policies.default_adapter())
     peft_model.eval()
     return policies
