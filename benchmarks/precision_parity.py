@@ -122,14 +122,14 @@ def compare_precisions(cfg, models_dir, *, episodes: int = 6, sharpen: float = 1
     fp32 = results["fp32"]
     out = {"episodes": len(tasks), "action_tokens": sum(len(d) for d in fp32["deltas"]), "margin_fp32": fp32["margin"],
            "delta_fp32_max_abs": max(float(d.abs().max()) for d in fp32["deltas"]), "step_s_fp32": fp32["step_s"],
-           "modes": {}}
+           "precisions": {}}
     for mode in MODES:
         if mode == "fp32":
             continue
         other = results[mode]
         diffs = torch.cat([(a - b).abs() for a, b in zip(fp32["deltas"], other["deltas"], strict=True)])
         margin_change = abs(fp32["margin"] - other["margin"])
-        out["modes"][mode] = {
+        out["precisions"][mode] = {
             "delta_max_abs_change": float(diffs.max()), "delta_mean_abs_change": float(diffs.mean()),
             "delta_p99_abs_change": float(diffs.quantile(0.99)), "margin": other["margin"],
             "margin_abs_change": margin_change,

@@ -26,7 +26,7 @@ from lopd_core.models.precision import Bf16BackwardLinear, install_bf16_backward
 def test_both_bf16_modes_keep_delta_and_margin_within_tolerance_on_the_tiny_model(models_dir):
     result = compare_precisions(load_config("smoke"), models_dir, sharpen=10.0)
     assert result["delta_fp32_max_abs"] > 0.01  # the δ compared are not all zero
-    autocast, backward = result["modes"]["autocast"], result["modes"]["bf16_backward"]
+    autocast, backward = result["precisions"]["autocast"], result["precisions"]["bf16_backward"]
     assert autocast["delta_max_abs_change"] <= TOLERANCE and autocast["margin_abs_change"] <= TOLERANCE
     assert autocast["delta_max_abs_change"] > 0  # autocast does round the forward
     assert backward["delta_max_abs_change"] == 0.0 and backward["margin_abs_change"] == 0.0  # forward untouched
