@@ -12,6 +12,9 @@ through frozen weights in bf16 (``model.bf16_backward``; every forward, δ, KL a
 variants keep the teacher's prefix cache across steps (slightly flattering ``before``). bf16 autocast is off
 in both: it fails the per-token δ bar on SmolLM2 (``benchmarks/results/precision_parity.json``).
 ``after_eager`` (with ``--variants``): ``after`` with the engine uncompiled (``rollout.engine_eager``).
+``--rounds 2`` runs before, after, after, before (ABBA) and reports the pooled ratios (Σ before / Σ after,
+exact when the machine's speed drifts linearly in time): this machine's speed drifts by 20–30 % over tens of
+minutes (``reports/speed-2026-12-06/``), which a single pair cannot tell from a change.
 
 The bank and the cold-started composer come from a comparison root (``lopd compare``'s ``--root``; built there
 if missing, not timed); each variant then trains ``--steps`` steps of LOPD in its own subprocess (a fresh
@@ -113,6 +116,18 @@ def run_variant(args) -> dict:
             "held_out": held_out}
 
 
+def run_order(variants: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, variant) in the order they run: the list, then reversed, alternately (ABBA for two variants and
+    two rounds), so that a drift of the machine's speed that is linear in time weighs on every variant alike."""
+    return [(r, v) for r in range(rounds) for v in (variants if r % 2 == 0 else variants[::-1])]
+
+
+def pooled_ratio(rounds: list[dict[str, dict]], slow: str, fast: str, key: str = "wall_s") -> float | None:
+    """Σ ``slow``'s ``key`` over Σ ``fast``'s, over the rounds that ran both (None when none did)."""
+    pairs = [(r[slow][key], r[fast][key]) for r in rounds if slow in r and fast in r]
+    return sum(a for a, _ in pairs) / sum(b for _, b in pairs) if pairs else None
+
+
 def _tasks_apart(before: dict | None, after: dict | None) -> int | None:
     """How many held-out tasks the two final students answer differently (success), task by task."""
     if not before or not after or not before.get("held_out") or not after.get("held_out"):
@@ -129,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="config override KEY=VALUE (both variants)")
     parser.add_argument("--bank-episodes", type=Path, action="append", default=[])
     parser.add_argument("--variants", default="before,after")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the variants this many times, reversing their order every other round (before, after, "
+                             "after, before, … — ABBA), and report the pooled ratio: robust to a machine whose speed drifts")
     parser.add_argument("--before-from", type=Path,
                         help="take the before run from this earlier loop_speed.json (same machine, alone) instead of re-running it")
     parser.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks scored after each run (not timed)")
@@ -140,18 +158,23 @@ def main(argv: list[str] | None = None) -> int:
         print("LOOP_SPEED " + json.dumps(run_variant(args)), flush=True)
         return 0
     _comparison(args, _overrides(args.set))  # the bank (and its base evaluation is not needed)
-    runs = {}
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1 (got {args.rounds})")
+    rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
     if args.before_from:
         earlier = json.loads(args.before_from.read_text())
-        runs["before"] = {**earlier["runs"]["before"], "measured": earlier["created"]}
-    for variant in [v for v in args.variants.split(",") if not (args.before_from and v == "before")]:
+        rounds[0]["before"] = {**earlier["runs"]["before"], "measured": earlier["created"]}
+    variants = [v for v in args.variants.split(",") if not (args.before_from and v == "before")]
+    for r, variant in run_order(variants, args.rounds):
+        print(f"[loop_speed] round {r + 1}/{args.rounds}: {variant}", flush=True)
         cmd = [sys.executable, "-m", "benchmarks.loop_speed", *(argv or sys.argv[1:]), "--variant", variant]
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ})
         lines = [line for line in done.stdout.splitlines() if line.startswith("LOOP_SPEED ")]
         if done.returncode != 0 or not lines:
-            raise SystemExit(f"variant {variant} failed ({done.returncode})")
-        runs[variant] = json.loads(lines[-1].removeprefix("LOOP_SPEED "))
-        print(json.dumps(runs[variant], indent=2), flush=True)
+            raise SystemExit(f"variant {variant} (round {r + 1}) failed ({done.returncode})")
+        rounds[r][variant] = json.loads(lines[-1].removeprefix("LOOP_SPEED "))
+        print(json.dumps(rounds[r][variant], indent=2), flush=True)
+    runs = rounds[0]  # the first round in full; later rounds' wall and phase seconds under "rounds"
     before, after = runs.get("before"), runs.get("after")
     trl_files = [RESULTS / name for name in ("opsd_vs_trl.json", "distill_throughput.json")]
     trl = next((json.loads(f.read_text()) for f in trl_files if f.exists()), {})
@@ -172,6 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_success": {k: v.get("held_out", {}).get("eval/success_rate") for k, v in runs.items()},
         "held_out_tasks_apart": _tasks_apart(before, after),
     }
+    if args.rounds > 1:  # the headline ratios pool every round (ABBA order), each round's pair kept beside them
+        report["rounds"] = [{v: {"wall_s": run["wall_s"], "phases_s": run["phases_s"]} for v, run in rnd.items()}
+                            for rnd in rounds]
+        report["speedup"] = pooled_ratio(rounds, "before", "after")
+        report["speedup_eager_engine"] = pooled_ratio(rounds, "before", "after_eager")
+        report["speedup_per_round"] = [pooled_ratio([rnd], "before", "after" if "after" in rnd else "after_eager")
+                                       for rnd in rounds]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
