@@ -11,7 +11,9 @@ length, each shared prefix run once per step, one teacher forward per micro-batc
 through frozen weights in bf16 (``model.bf16_backward``; every forward, δ, KL and margin stays fp32). Both
 variants keep the teacher's prefix cache across steps (slightly flattering ``before``). bf16 autocast is off
 in both: it fails the per-token δ bar on SmolLM2 (``benchmarks/results/precision_parity.json``).
-``after_eager`` (with ``--variants``): ``after`` with the engine uncompiled (``rollout.engine_eager``).
+``after_eager`` (with ``--variants``): ``after`` with the engine uncompiled (``rollout.engine_eager``);
+``after_eager_fp32``: ``after_eager`` with the backward in fp32 (``model.bf16_backward=false``), to separate
+bf16 backward's share. Every variant reports its process's peak resident memory (``max_rss_gb``).
 ``--rounds 2`` runs before, after, after, before (ABBA) and reports the pooled ratios (Σ before / Σ after,
 exact when the machine's speed drifts linearly in time): this machine's speed drifts by 20–30 % over tens of
 minutes (``reports/speed-2026-12-06/``), which a single pair cannot tell from a change.
@@ -35,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -52,6 +55,7 @@ VARIANTS = {
               "model.bf16_backward": "true"},
 }
 VARIANTS["after_eager"] = {**VARIANTS["after"], "rollout.engine_eager": "true"}  # no torch.compile: ~6 s start, slower decode
+VARIANTS["after_eager_fp32"] = {**VARIANTS["after_eager"], "model.bf16_backward": "false"}  # bf16 backward's share
 PHASES = {"rollouts": "rollout/wall_s", "teacher": "distill/time_teacher_s", "student": "distill/time_student_s",
           "composer": "distill/time_composer_s"}
 
@@ -113,7 +117,13 @@ def run_variant(args) -> dict:
             "generated_tokens": generated, "generated_tokens_per_s": generated / max(generate_s, 1e-9),
             "supervised_tokens": supervised, "step_tokens_per_s": supervised / max(step_s, 1e-9),
             "final_success_rate_last_step": history[-1].get("rollout/success_rate") if history else None,
+            "max_rss_gb": round(_max_rss_gb(), 2),
             "held_out": held_out}
+
+
+def _max_rss_gb() -> float:
+    """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def run_order(variants: list[str], rounds: int) -> list[tuple[int, str]]:
@@ -202,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         report["speedup_eager_engine"] = pooled_ratio(rounds, "before", "after_eager")
         report["speedup_per_round"] = [pooled_ratio([rnd], "before", "after" if "after" in rnd else "after_eager")
                                        for rnd in rounds]
+    report["pooled_wall_s"] = {v: round(sum(rnd[v]["wall_s"] for rnd in rounds if v in rnd), 1)
+                              for v in dict.fromkeys(v for rnd in rounds for v in rnd)}
+    report["bf16_backward_speedup"] = pooled_ratio(rounds, "after_eager_fp32", "after_eager")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))

@@ -21,3 +21,11 @@ def test_the_pooled_ratio_cancels_a_linear_drift_that_a_single_pair_does_not():
     assert abs(pooled_ratio(rounds[:1], "before", "after") - 2 / 1.1) < 1e-9  # one pair: drift reads as a smaller gain
     assert abs(pooled_ratio(rounds, "before", "after") - 2.0) < 1e-9  # ABBA, pooled: the true 2x
     assert pooled_ratio(rounds, "before", "after_eager") is None
+
+
+def test_the_fp32_backward_variant_differs_from_after_eager_only_in_bf16_backward():
+    from benchmarks.loop_speed import VARIANTS
+
+    eager, fp32 = VARIANTS["after_eager"], VARIANTS["after_eager_fp32"]
+    assert {k for k in eager.keys() | fp32.keys() if eager.get(k) != fp32.get(k)} == {"model.bf16_backward"}
+    assert (eager["model.bf16_backward"], fp32["model.bf16_backward"]) == ("true", "false")
