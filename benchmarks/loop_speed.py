@@ -13,7 +13,9 @@ variants keep the teacher's prefix cache across steps (slightly flattering ``bef
 in both: it fails the per-token δ bar on SmolLM2 (``benchmarks/results/precision_parity.json``).
 ``after_eager`` (with ``--variants``): ``after`` with the engine uncompiled (``rollout.engine_eager``);
 ``after_eager_fp32``: ``after_eager`` with the backward in fp32 (``model.bf16_backward=false``), to separate
-bf16 backward's share. Every variant reports its process's peak resident memory (``max_rss_gb``).
+bf16 backward's share; ``after_eager_tcmalloc``: ``after_eager`` in a process started with tcmalloc preloaded
+(``LD_PRELOAD``, vLLM-CPU's recommendation; Debian/Ubuntu package ``libtcmalloc-minimal4``). Every variant
+reports its process's peak resident memory (``max_rss_gb``) and its user and system CPU seconds.
 ``--rounds 2`` runs before, after, after, before (ABBA) and reports the pooled ratios (Σ before / Σ after,
 exact when the machine's speed drifts linearly in time): this machine's speed drifts by 20–30 % over tens of
 minutes (``reports/speed-2026-12-06/``), which a single pair cannot tell from a change.
@@ -34,6 +36,7 @@ Writes ``benchmarks/results/loop_speed.json`` (``run_before_s``, ``run_after_s``
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import json
 import os
 import platform
@@ -56,6 +59,8 @@ VARIANTS = {
 }
 VARIANTS["after_eager"] = {**VARIANTS["after"], "rollout.engine_eager": "true"}  # no torch.compile: ~6 s start, slower decode
 VARIANTS["after_eager_fp32"] = {**VARIANTS["after_eager"], "model.bf16_backward": "false"}  # bf16 backward's share
+VARIANTS["after_eager_tcmalloc"] = VARIANTS["after_eager"]  # the same run, its process started with tcmalloc preloaded
+PRELOAD = {"after_eager_tcmalloc": "tcmalloc_minimal"}  # variant -> library preloaded (LD_PRELOAD) in its subprocess
 PHASES = {"rollouts": "rollout/wall_s", "teacher": "distill/time_teacher_s", "student": "distill/time_student_s",
           "composer": "distill/time_composer_s"}
 
@@ -117,13 +122,33 @@ def run_variant(args) -> dict:
             "generated_tokens": generated, "generated_tokens_per_s": generated / max(generate_s, 1e-9),
             "supervised_tokens": supervised, "step_tokens_per_s": supervised / max(step_s, 1e-9),
             "final_success_rate_last_step": history[-1].get("rollout/success_rate") if history else None,
-            "max_rss_gb": round(_max_rss_gb(), 2),
+            "max_rss_gb": round(_max_rss_gb(), 2), "cpu_s": _cpu_seconds(),
+            "ld_preload": os.environ.get("LD_PRELOAD", ""),
             "held_out": held_out}
 
 
 def _max_rss_gb() -> float:
     """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _cpu_seconds() -> dict[str, float]:
+    """User and system CPU seconds of this process (all threads): a high system share means page faults and
+    memory churn rather than compute."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"user": round(usage.ru_utime, 1), "system": round(usage.ru_stime, 1)}
+
+
+def variant_env(variant: str, environ: dict[str, str]) -> dict[str, str]:
+    """The environment of a variant's subprocess: ``environ``, with the variant's library preloaded if it has one."""
+    name = PRELOAD.get(variant)
+    if name is None:
+        return dict(environ)
+    lib = ctypes.util.find_library(name)
+    if lib is None:
+        raise SystemExit(f"variant {variant} preloads lib{name}, which is not installed "
+                         "(Debian/Ubuntu: apt-get install libtcmalloc-minimal4)")
+    return {**environ, "LD_PRELOAD": ":".join(filter(None, [lib, environ.get("LD_PRELOAD", "")]))}
 
 
 def run_order(variants: list[str], rounds: int) -> list[tuple[int, str]]:
@@ -178,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     for r, variant in run_order(variants, args.rounds):
         print(f"[loop_speed] round {r + 1}/{args.rounds}: {variant}", flush=True)
         cmd = [sys.executable, "-m", "benchmarks.loop_speed", *(argv or sys.argv[1:]), "--variant", variant]
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ})
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=variant_env(variant, dict(os.environ)))
         lines = [line for line in done.stdout.splitlines() if line.startswith("LOOP_SPEED ")]
         if done.returncode != 0 or not lines:
             raise SystemExit(f"variant {variant} (round {r + 1}) failed ({done.returncode})")
@@ -215,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     report["pooled_wall_s"] = {v: round(sum(rnd[v]["wall_s"] for rnd in rounds if v in rnd), 1)
                               for v in dict.fromkeys(v for rnd in rounds for v in rnd)}
     report["bf16_backward_speedup"] = pooled_ratio(rounds, "after_eager_fp32", "after_eager")
+    report["tcmalloc_speedup"] = pooled_ratio(rounds, "after_eager", "after_eager_tcmalloc")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.loop_speed import pooled_ratio, run_order
 
 
@@ -29,3 +31,17 @@ def test_the_fp32_backward_variant_differs_from_after_eager_only_in_bf16_backwar
     eager, fp32 = VARIANTS["after_eager"], VARIANTS["after_eager_fp32"]
     assert {k for k in eager.keys() | fp32.keys() if eager.get(k) != fp32.get(k)} == {"model.bf16_backward"}
     assert (eager["model.bf16_backward"], fp32["model.bf16_backward"]) == ("true", "false")
+
+
+def test_only_the_tcmalloc_variant_changes_its_subprocess_environment(monkeypatch):
+    import benchmarks.loop_speed as loop_speed
+
+    environ = {"PATH": "/bin", "LD_PRELOAD": "libextra.so"}
+    assert loop_speed.variant_env("after_eager", environ) == environ
+    monkeypatch.setattr(loop_speed.ctypes.util, "find_library", lambda name: f"lib{name}.so.4")
+    env = loop_speed.variant_env("after_eager_tcmalloc", environ)
+    assert env == {"PATH": "/bin", "LD_PRELOAD": "libtcmalloc_minimal.so.4:libextra.so"}
+    assert loop_speed.VARIANTS["after_eager_tcmalloc"] == loop_speed.VARIANTS["after_eager"]
+    monkeypatch.setattr(loop_speed.ctypes.util, "find_library", lambda name: None)
+    with pytest.raises(SystemExit, match="libtcmalloc-minimal4"):
+        loop_speed.variant_env("after_eager_tcmalloc", environ)
