@@ -36,7 +36,6 @@ Writes ``benchmarks/results/loop_speed.json`` (``run_before_s``, ``run_after_s``
 from __future__ import annotations
 
 import argparse
-import ctypes.util
 import json
 import os
 import platform
@@ -47,6 +46,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from lopd_core.rollout.engines.preload import INSTALL_HINT, with_tcmalloc
 from lopd_core.workspace import lopd_home, portable
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -60,7 +60,7 @@ VARIANTS = {
 VARIANTS["after_eager"] = {**VARIANTS["after"], "rollout.engine_eager": "true"}  # no torch.compile: ~6 s start, slower decode
 VARIANTS["after_eager_fp32"] = {**VARIANTS["after_eager"], "model.bf16_backward": "false"}  # bf16 backward's share
 VARIANTS["after_eager_tcmalloc"] = VARIANTS["after_eager"]  # the same run, its process started with tcmalloc preloaded
-PRELOAD = {"after_eager_tcmalloc": "tcmalloc_minimal"}  # variant -> library preloaded (LD_PRELOAD) in its subprocess
+TCMALLOC_VARIANTS = {"after_eager_tcmalloc"}  # started with tcmalloc preloaded (LD_PRELOAD), as the `lopd` command is
 PHASES = {"rollouts": "rollout/wall_s", "teacher": "distill/time_teacher_s", "student": "distill/time_student_s",
           "composer": "distill/time_composer_s"}
 
@@ -141,14 +141,12 @@ def _cpu_seconds() -> dict[str, float]:
 
 def variant_env(variant: str, environ: dict[str, str]) -> dict[str, str]:
     """The environment of a variant's subprocess: ``environ``, with the variant's library preloaded if it has one."""
-    name = PRELOAD.get(variant)
-    if name is None:
+    if variant not in TCMALLOC_VARIANTS:
         return dict(environ)
-    lib = ctypes.util.find_library(name)
-    if lib is None:
-        raise SystemExit(f"variant {variant} preloads lib{name}, which is not installed "
-                         "(Debian/Ubuntu: apt-get install libtcmalloc-minimal4)")
-    return {**environ, "LD_PRELOAD": ":".join(filter(None, [lib, environ.get("LD_PRELOAD", "")]))}
+    env = with_tcmalloc(environ)
+    if env is None:
+        raise SystemExit(f"variant {variant} preloads tcmalloc, which is not installed ({INSTALL_HINT})")
+    return env
 
 
 def run_order(variants: list[str], rounds: int) -> list[tuple[int, str]]:

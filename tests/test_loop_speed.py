@@ -38,10 +38,9 @@ def test_only_the_tcmalloc_variant_changes_its_subprocess_environment(monkeypatc
 
     environ = {"PATH": "/bin", "LD_PRELOAD": "libextra.so"}
     assert loop_speed.variant_env("after_eager", environ) == environ
-    monkeypatch.setattr(loop_speed.ctypes.util, "find_library", lambda name: f"lib{name}.so.4")
-    env = loop_speed.variant_env("after_eager_tcmalloc", environ)
-    assert env == {"PATH": "/bin", "LD_PRELOAD": "libtcmalloc_minimal.so.4:libextra.so"}
+    monkeypatch.setattr(loop_speed, "with_tcmalloc", lambda env: {**env, "LD_PRELOAD": "tc.so:" + env["LD_PRELOAD"]})
+    assert loop_speed.variant_env("after_eager_tcmalloc", environ) == {"PATH": "/bin", "LD_PRELOAD": "tc.so:libextra.so"}
     assert loop_speed.VARIANTS["after_eager_tcmalloc"] == loop_speed.VARIANTS["after_eager"]
-    monkeypatch.setattr(loop_speed.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(loop_speed, "with_tcmalloc", lambda env: None)
     with pytest.raises(SystemExit, match="libtcmalloc-minimal4"):
         loop_speed.variant_env("after_eager_tcmalloc", environ)
