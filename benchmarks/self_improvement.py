@@ -41,7 +41,8 @@ def updated_fraction(run: dict[str, Any]) -> float | None:
     return signal["mean"] if signal else None
 
 
-def assemble(root: Path, passk: list[Path], probes: list[Path], report: Path | None = None) -> dict[str, Any]:
+def assemble(root: Path, passk: list[Path], probes: list[Path], report: Path | None = None,
+             lopd: str = "lopd") -> dict[str, Any]:
     shared = json.loads((root / "shared.json").read_text())
     # the comparison report's results.json carries each run with its training signals read back from MLflow
     runs = json.loads(report.read_text())["runs"] if report is not None else load_runs(root)
@@ -85,7 +86,7 @@ def assemble(root: Path, passk: list[Path], probes: list[Path], report: Path | N
             "per_family": {"test": paired.get("test", {}).get("per_family_reward", {}).get(name, {}),
                            "validation": paired.get("validation", {}).get("per_family_reward", {}).get(name, {})},
         }
-    out["pairs"] = lopd_pairs(root, by_name)
+    out["pairs"] = lopd_pairs(root, by_name, lopd)
     for probe in probes:  # e.g. the text teacher's probe and the latent teacher's (a composer cold-started elsewhere)
         teachers = json.loads(probe.read_text())["teachers"]
         for name, row in teachers.items():
@@ -97,25 +98,26 @@ def assemble(root: Path, passk: list[Path], probes: list[Path], report: Path | N
     return out
 
 
-def lopd_pairs(root: Path, by_name: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """LOPD against every other method on the same tasks (``lopd_minus_<name>``): the paired difference of
-    their final full evaluations, each method's seeds averaged per task, with the cluster-bootstrap interval."""
+def lopd_pairs(root: Path, by_name: dict[str, list[dict[str, Any]]], lopd: str = "lopd") -> dict[str, Any]:
+    """LOPD (the runs named ``lopd``: ``lopd`` itself or a learning-rate grid point such as ``lopd@lr3e-4``)
+    against every other method on the same tasks (``<lopd>_minus_<name>``): the paired difference of their
+    final full evaluations, each method's seeds averaged per task, with the cluster-bootstrap interval."""
     out: dict[str, Any] = {}
-    if "lopd" not in by_name:
+    if lopd not in by_name:
         return out
     rows = {name: {split: method_rows(root, group, split) for split in ("test", "validation")}
             for name, group in by_name.items()}
     for name, group in by_name.items():
-        if name == "lopd":
+        if name == lopd:
             continue
-        pair: dict[str, Any] = {"seeds": [len(by_name["lopd"]), len(group)]}
+        pair: dict[str, Any] = {"seeds": [len(by_name[lopd]), len(group)]}
         for split in ("test", "validation"):
-            if rows["lopd"][split] and rows[name][split]:
-                d = paired_cluster_bootstrap(rows["lopd"][split], rows[name][split], metric="reward")
+            if rows[lopd][split] and rows[name][split]:
+                d = paired_cluster_bootstrap(rows[lopd][split], rows[name][split], metric="reward")
                 pair[f"{split}_reward"] = {k: round(d[k], 3) for k in ("mean_diff", "ci95_low", "ci95_high")}
                 pair["tasks"] = d["tasks"]
         if len(pair) > 1:
-            out[f"lopd_minus_{name}"] = pair
+            out[f"{lopd}_minus_{name}"] = pair
     return out
 
 
@@ -127,11 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=None,
                         help="the comparison report's results.json (lopd compare --report-only): runs with their "
                              "training signals (steps_updated_fraction); without it, the runs' result.json files")
+    parser.add_argument("--lopd", default="lopd",
+                        help="the runs LOPD's pairs are computed for: lopd, or its learning-rate grid point (lopd@lr3e-4)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     report = {"benchmark": "self_improvement",
               "command": portable("python -m benchmarks.self_improvement " + " ".join(argv or []), lopd_home()),
-              **assemble(args.root, args.passk, args.probe, args.report)}
+              **assemble(args.root, args.passk, args.probe, args.report, args.lopd)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(portable(json.dumps(report, indent=2, default=str), lopd_home()) + "\n")
     print(json.dumps({k: report[k] for k in ("suite", "base", "methods")}, indent=2, default=str)[:4000])

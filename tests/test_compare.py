@@ -149,6 +149,12 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
         ours, theirs = (per_task_means(final_rows(root, runs_by[n], "test"), "reward") for n in ("lopd", other))
         expected = sum(ours[t] - theirs[t] for t in ours) / len(ours)
         assert si["pairs"][f"lopd_minus_{other}"]["test_reward"]["mean_diff"] == pytest.approx(expected, abs=1e-3)
+    # the pairs of another run name (a learning-rate grid point is named like lopd@lr3e-4): the same pair, mirrored
+    assert self_improvement.main(["--root", str(root), "--out", str(gathered), "--lopd", "grpo"]) == 0
+    mirrored = json.loads(gathered.read_text())["pairs"]
+    assert set(mirrored) == {"grpo_minus_lopd", "grpo_minus_none"}
+    assert mirrored["grpo_minus_lopd"]["test_reward"]["mean_diff"] == pytest.approx(
+        -si["pairs"]["lopd_minus_grpo"]["test_reward"]["mean_diff"], abs=1e-3)
 
     # per-task held-out outcomes of the base model and a run's final student (same tasks as the evaluations)
     from benchmarks import heldout_tasks
