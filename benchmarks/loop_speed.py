@@ -122,21 +122,16 @@ def run_variant(args) -> dict:
             "generated_tokens": generated, "generated_tokens_per_s": generated / max(generate_s, 1e-9),
             "supervised_tokens": supervised, "step_tokens_per_s": supervised / max(step_s, 1e-9),
             "final_success_rate_last_step": history[-1].get("rollout/success_rate") if history else None,
-            "max_rss_gb": round(_max_rss_gb(), 2), "cpu_s": _cpu_seconds(),
+            **_resource_usage(),
             "ld_preload": os.environ.get("LD_PRELOAD", ""),
             "held_out": held_out}
 
 
-def _max_rss_gb() -> float:
-    """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def _cpu_seconds() -> dict[str, float]:
-    """User and system CPU seconds of this process (all threads): a high system share means page faults and
-    memory churn rather than compute."""
+def _resource_usage() -> dict:
+    """This process's peak resident memory (Linux reports ru_maxrss in KiB) and user/system CPU seconds (all threads)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {"user": round(usage.ru_utime, 1), "system": round(usage.ru_stime, 1)}
+    return {"max_rss_gb": round(usage.ru_maxrss / 2**20, 2),
+            "cpu_s": {"user": round(usage.ru_utime, 1), "system": round(usage.ru_stime, 1)}}
 
 
 def variant_env(variant: str, environ: dict[str, str]) -> dict[str, str]:

