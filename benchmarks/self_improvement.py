@@ -6,7 +6,9 @@ Assembles ``benchmarks/results/self_improvement.json`` from what the experiments
   the held-out and validation splits; the paired difference of every method to the base model with the
   cluster-bootstrap interval (:func:`lopd_core.compare_report.paired_intervals`);
 - ``--passk``: the ``lopd probe-passk --out`` summaries (per-family pass@k of the base model);
-- ``--report``: the comparison report's ``results.json`` (its runs carry the training signals from MLflow);
+- ``--report``: the comparison report's ``results.json`` (its runs carry the training signals from MLflow). With
+  the ``final_rows.jsonl`` the report keeps beside it, it is enough without ``--root``: a committed report can
+  be gathered again after the work directory is gone;
 - ``--probe``: one or more ``lopd probe-teacher --out`` results (each teacher's privilege on the base's episodes).
 
 ``pairs`` holds LOPD against every other method, paired per task on the final full evaluations.
@@ -25,7 +27,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from lopd_core.compare_report import method_rows, paired_intervals
+from lopd_core.compare_report import TaskRows, paired_intervals
 from lopd_core.stats import paired_cluster_bootstrap
 from lopd_core.workspace import lopd_home, portable
 
@@ -41,14 +43,24 @@ def updated_fraction(run: dict[str, Any]) -> float | None:
     return signal["mean"] if signal else None
 
 
-def assemble(root: Path, passk: list[Path], probes: list[Path], report: Path | None = None,
+def assemble(root: Path | None, passk: list[Path], probes: list[Path], report: Path | None = None,
              lopd: str = "lopd") -> dict[str, Any]:
-    shared = json.loads((root / "shared.json").read_text())
-    # the comparison report's results.json carries each run with its training signals read back from MLflow
-    runs = json.loads(report.read_text())["runs"] if report is not None else load_runs(root)
-    plan = json.loads((root / "plan.json").read_text()) if (root / "plan.json").exists() else {}
-    result = {"suite": plan.get("suite", ""), "root": str(root), "runs": runs, "budget": plan.get("budget")}
-    paired = paired_intervals(result)
+    """From the comparison's work directory (``root``), or, once that is gone, from its report alone: the
+    report's results.json and the final_rows.jsonl beside it."""
+    if root is not None and (root / "shared.json").exists():
+        shared = json.loads((root / "shared.json").read_text())
+        # the comparison report's results.json carries each run with its training signals read back from MLflow
+        runs = json.loads(report.read_text())["runs"] if report is not None else load_runs(root)
+        plan = json.loads((root / "plan.json").read_text()) if (root / "plan.json").exists() else {}
+        result = {"suite": plan.get("suite", ""), "root": str(root), "runs": runs, "budget": plan.get("budget")}
+        rows = TaskRows.from_root(root, runs)
+    elif report is not None:
+        result = json.loads(report.read_text())
+        shared, runs = result["shared"], result["runs"]
+        rows = TaskRows.of_result(result, report.parent)
+    else:
+        raise SystemExit(f"no comparison at {root} (no shared.json) and no --report to read it from instead")
+    paired = paired_intervals(result, rows)
     base_fields = shared["base_eval"]["fields"]
     out: dict[str, Any] = {
         "suite": result["suite"], "budget": result["budget"],
@@ -86,7 +98,7 @@ def assemble(root: Path, passk: list[Path], probes: list[Path], report: Path | N
             "per_family": {"test": paired.get("test", {}).get("per_family_reward", {}).get(name, {}),
                            "validation": paired.get("validation", {}).get("per_family_reward", {}).get(name, {})},
         }
-    out["pairs"] = lopd_pairs(root, by_name, lopd)
+    out["pairs"] = lopd_pairs(rows, by_name, lopd)
     for probe in probes:  # e.g. the text teacher's probe and the latent teacher's (a composer cold-started elsewhere)
         teachers = json.loads(probe.read_text())["teachers"]
         for name, row in teachers.items():
@@ -98,14 +110,14 @@ def assemble(root: Path, passk: list[Path], probes: list[Path], report: Path | N
     return out
 
 
-def lopd_pairs(root: Path, by_name: dict[str, list[dict[str, Any]]], lopd: str = "lopd") -> dict[str, Any]:
+def lopd_pairs(task_rows: TaskRows, by_name: dict[str, list[dict[str, Any]]], lopd: str = "lopd") -> dict[str, Any]:
     """LOPD (the runs named ``lopd``: ``lopd`` itself or a learning-rate grid point such as ``lopd@lr3e-4``)
     against every other method on the same tasks (``<lopd>_minus_<name>``): the paired difference of their
     final full evaluations, each method's seeds averaged per task, with the cluster-bootstrap interval."""
     out: dict[str, Any] = {}
     if lopd not in by_name:
         return out
-    rows = {name: {split: method_rows(root, group, split) for split in ("test", "validation")}
+    rows = {name: {split: task_rows.of(group, split) for split in ("test", "validation")}
             for name, group in by_name.items()}
     for name, group in by_name.items():
         if name == lopd:
@@ -123,7 +135,8 @@ def lopd_pairs(root: Path, by_name: dict[str, list[dict[str, Any]]], lopd: str =
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the comparison's work directory; without it (or once it is gone), --report alone")
     parser.add_argument("--passk", type=Path, nargs="*", default=[])
     parser.add_argument("--probe", type=Path, nargs="*", default=[])
     parser.add_argument("--report", type=Path, default=None,

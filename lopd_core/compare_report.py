@@ -121,8 +121,9 @@ def _fmt(ms) -> str:
 
 def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command: str,
                  home: Path | None = None) -> Path:
-    """README.md, the two PNGs and results.json under ``out_dir``; paths under ``home`` (the workspace) are
-    written as ``$LOPD_HOME/…`` so that a committed report names no machine's directories."""
+    """README.md, the two PNGs, results.json and the final evaluations' task rows (``final_rows.jsonl``, enough
+    to recompute every paired interval without the work directory) under ``out_dir``; paths under ``home``
+    (the workspace) are written as ``$LOPD_HOME/…`` so that a committed report names no machine's directories."""
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = group_runs(result["runs"])
     suite = result["suite"]
@@ -140,7 +141,8 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
              f"{bank.get('experiences')} experiences (pre-training budget of lopd and opsd).  ",
              f"Base model held-out success: {base.get('eval/success_rate', float('nan')):.3f} "
              f"(mean reward {base.get('eval/mean_reward', float('nan')):.3f})", "",
-             "![curves](curves.png)", "", "What each model reads: [inputs.md](inputs.md).", ""]
+             "![curves](curves.png)", "", "What each model reads: [inputs.md](inputs.md). Every final evaluation's "
+             f"task scores: [{FINAL_ROWS}]({FINAL_ROWS}).", ""]
     lines += [f"Identical curves (they overlap in the plot): {', '.join(names)}.  " for names in identical_curves(groups)]
     lines += ["", "## Final held-out success", "",
               "Mean reward is the verifier's partial credit (share of tests passed, of checks met), so it moves "
@@ -168,7 +170,8 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
             lines.append(f"| {r['baseline']} (n={r['baseline_seeds']}){trivial} | {r['baseline_final']:.3f} ± "
                          f"{r['baseline_final_std']:.3f} | {r['lopd_seeds_reaching']}/{r['lopd_seeds']} | "
                          f"{_fmt(r['ratio'])} | {_fmt(r['ratio_with_pretraining'])} |")
-    paired = paired_intervals(result)
+    rows = TaskRows.of_result(result)
+    paired = paired_intervals(result, rows)
     result["paired"] = paired
     lines += intervals_section(paired)
     lines += signals_section(groups)
@@ -180,6 +183,7 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
         return portable(text, home) if home is not None else text
 
     (out_dir / "results.json").write_text(scrub(json.dumps(result, indent=2, default=str)))
+    rows.write(out_dir / FINAL_ROWS)  # scores and task ids only: no path to scrub
     inputs = Path(result["root"]) / "inputs.md" if result.get("root") else None
     if inputs is not None and inputs.exists():
         (out_dir / "inputs.md").write_text(scrub(inputs.read_text()))
@@ -198,33 +202,88 @@ def final_rows(root: Path, run: dict[str, Any], split: str) -> list[dict[str, An
     return _rows(files[-1]) if files else []
 
 
-def method_rows(root: Path, runs: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
-    """The final full evaluation's task rows of all runs (seeds) of one method on ``split``."""
-    return [row for r in runs for row in final_rows(root, r, split)]
+FINAL_ROWS = "final_rows.jsonl"  # beside a report's results.json
+EVAL_SPLITS = ("validation", "test")
+_ROW_TEXT = ("task_id", "family", "cluster")  # the only text a compact row keeps; the rest are its scores
 
 
-def paired_intervals(result: dict[str, Any]) -> dict[str, Any]:
+class TaskRows:
+    """The task rows of the final full evaluation of the base model (``"base"``) and of each run, per split.
+
+    Read from a comparison's work directory, or from the ``final_rows.jsonl`` its report writes beside
+    ``results.json``: a committed report is enough to recompute every paired interval after the work
+    directory is gone. A compact row keeps the task's id, family and cluster and its numeric scores."""
+
+    def __init__(self, rows: dict[tuple[str, str], list[dict[str, Any]]]):
+        self._rows = {key: value for key, value in rows.items() if value}
+
+    @classmethod
+    def from_root(cls, root: Path, runs: list[dict[str, Any]]) -> TaskRows:
+        root = Path(root)
+        rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for split in EVAL_SPLITS:
+            rows["base", split] = _rows(root / "base" / "eval" / f"{split}-step0000.jsonl")
+            for run in runs:
+                rows[run["run"], split] = final_rows(root, run, split)
+        return cls(rows)
+
+    @classmethod
+    def from_file(cls, path: Path) -> TaskRows:
+        rows: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for number, row in enumerate(_rows(Path(path)), 1):
+            try:
+                rows[row.pop("run"), row.pop("split")].append(row)
+            except KeyError as missing:
+                raise ValueError(f"{path}, line {number}: a task row without {missing}") from None
+        return cls(dict(rows))
+
+    @classmethod
+    def of_result(cls, result: dict[str, Any], report_dir: Path | None = None) -> TaskRows:
+        """From the comparison's work directory while it exists, else from the report's ``final_rows.jsonl``."""
+        root = Path(result["root"]) if result.get("root") else None
+        if root is not None and (root / "base" / "eval").is_dir():
+            return cls.from_root(root, result["runs"])
+        if report_dir is not None and (Path(report_dir) / FINAL_ROWS).exists():
+            return cls.from_file(Path(report_dir) / FINAL_ROWS)
+        return cls({})
+
+    def base(self, split: str) -> list[dict[str, Any]]:
+        return self._rows.get(("base", split), [])
+
+    def of(self, runs: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+        """All runs' (one method's seeds') rows on ``split``."""
+        return [row for run in runs for row in self._rows.get((run["run"], split), [])]
+
+    def write(self, path: Path) -> Path | None:
+        if not self._rows:
+            return None
+        lines = [json.dumps({"run": run, "split": split, **{k: v for k, v in row.items()
+                                                            if k in _ROW_TEXT or isinstance(v, (int, float, bool))}})
+                 for (run, split), rows in sorted(self._rows.items()) for row in rows]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+
+def paired_intervals(result: dict[str, Any], rows: TaskRows | None = None) -> dict[str, Any]:
     """Per split and method: the paired difference to the base model on the final full evaluation (seeds
     averaged per task), its cluster-bootstrap interval and MDE, for mean reward and success; per family, the
     mean reward of each method and the base. Empty when the comparison kept no task rows."""
+    rows = rows if rows is not None else TaskRows.of_result(result)
     out: dict[str, Any] = {}
-    if not result.get("root"):
-        return out
-    root = Path(result["root"])
-    for split in ("validation", "test"):
-        base = _rows(root / "base" / "eval" / f"{split}-step0000.jsonl")
+    for split in EVAL_SPLITS:
+        base = rows.base(split)
         if not base:
             continue
         methods: dict[str, Any] = {}
         families: dict[str, dict[str, float]] = {"base": per_family(base, "reward")}
         for name, runs in group_runs(result["runs"]).items():
-            rows = method_rows(root, runs, split)
-            if not rows:
+            method = rows.of(runs, split)
+            if not method:
                 continue
-            methods[name] = {metric: paired_cluster_bootstrap(rows, base, metric=metric)
+            methods[name] = {metric: paired_cluster_bootstrap(method, base, metric=metric)
                              for metric in ("reward", "success")}
             methods[name]["seeds"] = len(runs)
-            families[name] = per_family(rows, "reward")
+            families[name] = per_family(method, "reward")
         out[split] = {"tasks": len(base), "methods": methods, "per_family_reward": families}
     return out
 

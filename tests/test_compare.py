@@ -155,6 +155,20 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert set(mirrored) == {"grpo_minus_lopd", "grpo_minus_none"}
     assert mirrored["grpo_minus_lopd"]["test_reward"]["mean_diff"] == pytest.approx(
         -si["pairs"]["lopd_minus_grpo"]["test_reward"]["mean_diff"], abs=1e-3)
+    # the report alone (results.json and the final_rows.jsonl beside it) gathers the same figures once the work
+    # directory is gone: its root is written as $LOPD_HOME/…, which exists nowhere
+    kept = [json.loads(line) for line in (report / "final_rows.jsonl").read_text().splitlines()]
+    assert {(r["run"], r["split"]) for r in kept} >= {("base", "test"), ("lopd-s0", "validation")}
+    assert all(set(r) >= {"task_id", "family", "reward", "success"} for r in kept)
+    assert not any(isinstance(v, str) and k not in ("run", "split", "task_id", "family", "cluster")
+                   for r in kept for k, v in r.items())
+    alone = tmp_path / "self_improvement_from_report.json"
+    assert self_improvement.main(["--report", str(report / "results.json"), "--out", str(alone)]) == 0
+    from_report = json.loads(alone.read_text())
+    assert from_report["methods"] == si["methods"] and from_report["pairs"] == si["pairs"]
+    assert from_report["base"] == si["base"]
+    with pytest.raises(SystemExit, match="no --report"):
+        self_improvement.main(["--root", str(tmp_path / "gone"), "--out", str(alone)])
 
     # per-task held-out outcomes of the base model and a run's final student (same tasks as the evaluations)
     from benchmarks import heldout_tasks
@@ -310,3 +324,25 @@ def test_report_names_the_curves_that_overlap_in_the_plot(tmp_path):
     text = write_report(result, tmp_path, machine="test", command="lopd compare").read_text()
     assert "Identical curves (they overlap in the plot): grpo, none." in text
     assert (tmp_path / "curves.png").stat().st_size > 1000
+
+
+def test_task_rows_kept_beside_a_report_round_trip_and_name_a_bad_line(tmp_path):
+    from lopd_core.compare_report import TaskRows
+
+    def row(task, reward):
+        return {"task_id": task, "family": "bank/account_of", "cluster": "bank/account_of/p0", "reward": reward,
+                "success": reward >= 0.8, "messages": [{"role": "assistant", "content": "long transcript"}],
+                "response": "text that a compact row drops"}
+
+    rows = TaskRows({("base", "test"): [row("t0", 0.0), row("t1", 1.0)], ("lopd-s0", "test"): [row("t0", 1.0)],
+                     ("lopd-s1", "test"): [row("t0", 0.5)], ("grpo-s0", "validation"): []})
+    path = rows.write(tmp_path / "final_rows.jsonl")
+    back = TaskRows.from_file(path)
+    runs = [{"run": "lopd-s0"}, {"run": "lopd-s1"}]
+    assert [r["reward"] for r in back.of(runs, "test")] == [1.0, 0.5] and back.of(runs, "validation") == []
+    assert back.base("test")[1] == {"task_id": "t1", "family": "bank/account_of", "cluster": "bank/account_of/p0",
+                                    "reward": 1.0, "success": True}  # no transcript, no free text
+    assert TaskRows({}).write(tmp_path / "none.jsonl") is None and not (tmp_path / "none.jsonl").exists()
+    (tmp_path / "bad.jsonl").write_text(path.read_text() + json.dumps({"run": "lopd-s0", "reward": 1.0}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl, line 5: a task row without 'split'"):
+        TaskRows.from_file(tmp_path / "bad.jsonl")
