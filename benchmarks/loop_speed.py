@@ -30,7 +30,11 @@ threads to them while it generates, torch uses them while it trains).
 
 Writes ``benchmarks/results/loop_speed.json`` (``run_before_s``, ``run_after_s``, ``speedup``,
 ``step_tokens_per_s_ratio``, ``opsd_vs_trl`` from ``opsd_vs_trl.json`` (real toolworld episodes) or else
-``distill_throughput.json`` (a synthetic batch), ``vllm_in_loop_vs_hf``).
+``distill_throughput.json`` (a synthetic batch), ``vllm_in_loop_vs_hf``). The headline compares ``before`` with
+``after`` when it ran, else with the first other variant named (``after_variant``); with ``--rounds`` above 1
+every ratio is pooled over the rounds. Each finished slot (round, variant) is also kept in ``OUT.slots.jsonl``
+as it ends, so a run cut short keeps what it measured and ``--report-only`` writes the result file again
+from those slots without running anything.
 """
 
 from __future__ import annotations
@@ -178,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before-from", type=Path,
                         help="take the before run from this earlier loop_speed.json (same machine, alone) instead of re-running it")
     parser.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks scored after each run (not timed)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: write the result file again from the slots an earlier run kept (OUT.slots.jsonl)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=RESULTS / "loop_speed.json")
     args = parser.parse_args(argv)
@@ -185,59 +191,107 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant:  # the subprocess of one variant
         print("LOOP_SPEED " + json.dumps(run_variant(args)), flush=True)
         return 0
-    _comparison(args, _overrides(args.set))  # the bank (and its base evaluation is not needed)
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be at least 1 (got {args.rounds})")
-    rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
-    if args.before_from:
-        earlier = json.loads(args.before_from.read_text())
-        rounds[0]["before"] = {**earlier["runs"]["before"], "measured": earlier["created"]}
-    variants = [v for v in args.variants.split(",") if not (args.before_from and v == "before")]
-    for r, variant in run_order(variants, args.rounds):
-        print(f"[loop_speed] round {r + 1}/{args.rounds}: {variant}", flush=True)
-        cmd = [sys.executable, "-m", "benchmarks.loop_speed", *(argv or sys.argv[1:]), "--variant", variant]
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=variant_env(variant, dict(os.environ)))
-        lines = [line for line in done.stdout.splitlines() if line.startswith("LOOP_SPEED ")]
-        if done.returncode != 0 or not lines:
-            raise SystemExit(f"variant {variant} (round {r + 1}) failed ({done.returncode})")
-        rounds[r][variant] = json.loads(lines[-1].removeprefix("LOOP_SPEED "))
-        print(json.dumps(rounds[r][variant], indent=2), flush=True)
-    runs = rounds[0]  # the first round in full; later rounds' wall and phase seconds under "rounds"
-    before, after = runs.get("before"), runs.get("after")
+    command = portable("python -m benchmarks.loop_speed " + " ".join(argv or sys.argv[1:]), lopd_home())
+    slots_file = args.out.with_suffix(".slots.jsonl")  # every finished slot, kept as it ends
+    if args.report_only:
+        if not slots_file.exists():
+            raise SystemExit(f"--report-only reads the slots of an earlier run from {slots_file}, which does not exist")
+        slots = [json.loads(line) for line in slots_file.read_text().splitlines() if line.strip()]
+        if not slots:
+            raise SystemExit(f"{slots_file} holds no finished slot")
+        rounds: list[dict[str, dict]] = [{} for _ in range(max(slot["round"] for slot in slots) + 1)]
+        for slot in slots:
+            rounds[slot["round"]][slot["variant"]] = slot["result"]
+        command = slots[0]["command"]  # the command that measured them
+    else:
+        _comparison(args, _overrides(args.set))  # the bank (and its base evaluation is not needed)
+        rounds = [{} for _ in range(args.rounds)]
+        if args.before_from:
+            earlier = json.loads(args.before_from.read_text())
+            rounds[0]["before"] = {**earlier["runs"]["before"], "measured": earlier["created"]}
+        variants = [v for v in args.variants.split(",") if not (args.before_from and v == "before")]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        slots_file.write_text("")
+        for r, variant in run_order(variants, args.rounds):
+            print(f"[loop_speed] round {r + 1}/{args.rounds}: {variant}", flush=True)
+            cmd = [sys.executable, "-m", "benchmarks.loop_speed", *(argv or sys.argv[1:]), "--variant", variant]
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=variant_env(variant, dict(os.environ)))
+            lines = [line for line in done.stdout.splitlines() if line.startswith("LOOP_SPEED ")]
+            if done.returncode != 0 or not lines:
+                raise SystemExit(f"variant {variant} (round {r + 1}) failed ({done.returncode}); the slots before it are "
+                                 f"in {slots_file}")
+            rounds[r][variant] = json.loads(lines[-1].removeprefix("LOOP_SPEED "))
+            with slots_file.open("a") as f:
+                f.write(json.dumps({"round": r, "variant": variant, "command": command, "result": rounds[r][variant]}) + "\n")
+            print(json.dumps(rounds[r][variant], indent=2), flush=True)
     trl_files = [RESULTS / name for name in ("opsd_vs_trl.json", "distill_throughput.json")]
     trl = next((json.loads(f.read_text()) for f in trl_files if f.exists()), {})
+    report = build_report(rounds, command=command, steps=args.steps, eval_tasks=args.eval_tasks,
+                          opsd_vs_trl=_opsd_vs_trl(trl))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
+    return 0
+
+
+def headline_variant(variants: list[str]) -> str | None:
+    """The fast variant the headline ratios compare with ``before``: ``after`` when it ran, else the first
+    other variant (``--variants before,after_eager_tcmalloc`` measures that one against ``before``)."""
+    others = [v for v in variants if v != "before"]
+    return "after" if "after" in others else (others[0] if others else None)
+
+
+def pooled_rate(rounds: list[dict[str, dict]], variant: str, tokens: str, rate: str) -> float | None:
+    """A variant's tokens per second over every round that ran it: Σ tokens / Σ seconds spent on them."""
+    runs = [r[variant] for r in rounds if variant in r and r[variant].get(rate)]
+    return sum(run[tokens] for run in runs) / sum(run[tokens] / run[rate] for run in runs) if runs else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def build_report(rounds: list[dict[str, dict]], *, command: str, steps: int, eval_tasks: int,
+                 opsd_vs_trl: float | None) -> dict:
+    """The result file from each round's variants (``rounds[r][variant]`` = that slot's measurement)."""
+    runs = rounds[0]  # the first round in full; every round's seconds and rates under "rounds"
+    names = list(dict.fromkeys(v for rnd in rounds for v in rnd))
+    fast = headline_variant(names)
+    before, after = runs.get("before"), runs.get(fast) if fast else None
     report = {
-        "benchmark": "loop_speed",
-        "command": portable("python -m benchmarks.loop_speed " + " ".join(argv or sys.argv[1:]), lopd_home()),
+        "benchmark": "loop_speed", "command": command,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "")},
-        "steps": args.steps, "runs": runs,
+        "steps": steps, "runs": runs, "after_variant": fast,
         "run_before_s": before and before["wall_s"], "run_after_s": after and after["wall_s"],
         "speedup": before["wall_s"] / after["wall_s"] if before and after else None,
         "speedup_eager_engine": (before["wall_s"] / runs["after_eager"]["wall_s"]) if before and "after_eager" in runs else None,
         "step_tokens_per_s_ratio": (after["step_tokens_per_s"] / before["step_tokens_per_s"]) if before and after else None,
         "vllm_in_loop_vs_hf": (after["generated_tokens_per_s"] / before["generated_tokens_per_s"]) if before and after else None,
-        "opsd_vs_trl": _opsd_vs_trl(trl),
-        "held_out_tasks": args.eval_tasks,
+        "opsd_vs_trl": opsd_vs_trl,
+        "held_out_tasks": eval_tasks,
         "held_out_success": {k: v.get("held_out", {}).get("eval/success_rate") for k, v in runs.items()},
         "held_out_tasks_apart": _tasks_apart(before, after),
     }
-    if args.rounds > 1:  # the headline ratios pool every round (ABBA order), each round's pair kept beside them
-        report["rounds"] = [{v: {"wall_s": run["wall_s"], "phases_s": run["phases_s"]} for v, run in rnd.items()}
-                            for rnd in rounds]
-        report["speedup"] = pooled_ratio(rounds, "before", "after")
+    if len(rounds) > 1 and fast:  # the headline ratios pool every round (ABBA order), each round's pair kept beside them
+        kept = ("wall_s", "phases_s", "step_tokens_per_s", "generated_tokens_per_s", "max_rss_gb", "cpu_s")
+        report["rounds"] = [{v: {k: run[k] for k in kept if k in run}
+                             | {"held_out_success": run.get("held_out", {}).get("eval/success_rate")}
+                             for v, run in rnd.items()} for rnd in rounds]
+        report["speedup"] = pooled_ratio(rounds, "before", fast)
         report["speedup_eager_engine"] = pooled_ratio(rounds, "before", "after_eager")
-        report["speedup_per_round"] = [pooled_ratio([rnd], "before", "after" if "after" in rnd else "after_eager")
-                                       for rnd in rounds]
-    report["pooled_wall_s"] = {v: round(sum(rnd[v]["wall_s"] for rnd in rounds if v in rnd), 1)
-                              for v in dict.fromkeys(v for rnd in rounds for v in rnd)}
+        report["speedup_per_round"] = [pooled_ratio([rnd], "before", fast) for rnd in rounds]
+        report["step_tokens_per_s_ratio"] = _ratio(pooled_rate(rounds, fast, "supervised_tokens", "step_tokens_per_s"),
+                                                   pooled_rate(rounds, "before", "supervised_tokens", "step_tokens_per_s"))
+        report["vllm_in_loop_vs_hf"] = _ratio(pooled_rate(rounds, fast, "generated_tokens", "generated_tokens_per_s"),
+                                              pooled_rate(rounds, "before", "generated_tokens", "generated_tokens_per_s"))
+    report["pooled_wall_s"] = {v: round(sum(rnd[v]["wall_s"] for rnd in rounds if v in rnd), 1) for v in names}
     report["bf16_backward_speedup"] = pooled_ratio(rounds, "after_eager_fp32", "after_eager")
     report["tcmalloc_speedup"] = pooled_ratio(rounds, "after_eager", "after_eager_tcmalloc")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
-    return 0
+    return report
 
 
 def _opsd_vs_trl(trl: dict) -> float | None:
