@@ -14,7 +14,8 @@ in both: it fails the per-token δ bar on SmolLM2 (``benchmarks/results/precisio
 ``after_eager`` (with ``--variants``): ``after`` with the engine uncompiled (``rollout.engine_eager``);
 ``after_eager_fp32``: ``after_eager`` with the backward in fp32 (``model.bf16_backward=false``), to separate
 bf16 backward's share; ``after_eager_tcmalloc``: ``after_eager`` in a process started with tcmalloc preloaded
-(``LD_PRELOAD``, vLLM-CPU's recommendation; Debian/Ubuntu package ``libtcmalloc-minimal4``). Every variant
+(``LD_PRELOAD``, vLLM-CPU's recommendation; Debian/Ubuntu package ``libtcmalloc-minimal4``); ``before_tcmalloc``:
+``before`` with the same allocator, which separates tcmalloc's share of the gap from the fast path's own. Every variant
 reports its process's peak resident memory (``max_rss_gb``) and its user and system CPU seconds.
 ``--rounds 2`` runs before, after, after, before (ABBA) and reports the pooled ratios (Σ before / Σ after,
 exact when the machine's speed drifts linearly in time): this machine's speed drifts by 20–30 % over tens of
@@ -64,7 +65,8 @@ VARIANTS = {
 VARIANTS["after_eager"] = {**VARIANTS["after"], "rollout.engine_eager": "true"}  # no torch.compile: ~6 s start, slower decode
 VARIANTS["after_eager_fp32"] = {**VARIANTS["after_eager"], "model.bf16_backward": "false"}  # bf16 backward's share
 VARIANTS["after_eager_tcmalloc"] = VARIANTS["after_eager"]  # the same run, its process started with tcmalloc preloaded
-TCMALLOC_VARIANTS = {"after_eager_tcmalloc"}  # started with tcmalloc preloaded (LD_PRELOAD), as the `lopd` command is
+VARIANTS["before_tcmalloc"] = VARIANTS["before"]  # the baseline with the same allocator: tcmalloc's share of the gap
+TCMALLOC_VARIANTS = {"after_eager_tcmalloc", "before_tcmalloc"}  # started with tcmalloc preloaded (LD_PRELOAD), as `lopd` is
 PHASES = {"rollouts": "rollout/wall_s", "teacher": "distill/time_teacher_s", "student": "distill/time_student_s",
           "composer": "distill/time_composer_s"}
 
@@ -291,6 +293,7 @@ def build_report(rounds: list[dict[str, dict]], *, command: str, steps: int, eva
     report["pooled_wall_s"] = {v: round(sum(rnd[v]["wall_s"] for rnd in rounds if v in rnd), 1) for v in names}
     report["bf16_backward_speedup"] = pooled_ratio(rounds, "after_eager_fp32", "after_eager")
     report["tcmalloc_speedup"] = pooled_ratio(rounds, "after_eager", "after_eager_tcmalloc")
+    report["tcmalloc_before_speedup"] = pooled_ratio(rounds, "before", "before_tcmalloc")
     return report
 
 

@@ -41,6 +41,8 @@ def test_only_the_tcmalloc_variant_changes_its_subprocess_environment(monkeypatc
     monkeypatch.setattr(loop_speed, "with_tcmalloc", lambda env: {**env, "LD_PRELOAD": "tc.so:" + env["LD_PRELOAD"]})
     assert loop_speed.variant_env("after_eager_tcmalloc", environ) == {"PATH": "/bin", "LD_PRELOAD": "tc.so:libextra.so"}
     assert loop_speed.VARIANTS["after_eager_tcmalloc"] == loop_speed.VARIANTS["after_eager"]
+    assert loop_speed.VARIANTS["before_tcmalloc"] == loop_speed.VARIANTS["before"]
+    assert loop_speed.variant_env("before_tcmalloc", environ)["LD_PRELOAD"] == "tc.so:libextra.so"
     monkeypatch.setattr(loop_speed, "with_tcmalloc", lambda env: None)
     with pytest.raises(SystemExit, match="libtcmalloc-minimal4"):
         loop_speed.variant_env("after_eager_tcmalloc", environ)
