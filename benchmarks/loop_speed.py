@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be at least 1 (got {args.rounds})")
     command = portable("python -m benchmarks.loop_speed " + " ".join(argv or sys.argv[1:]), lopd_home())
+    machine = _machine()
     slots_file = args.out.with_suffix(".slots.jsonl")  # every finished slot, kept as it ends
     if args.report_only:
         if not slots_file.exists():
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds: list[dict[str, dict]] = [{} for _ in range(max(slot["round"] for slot in slots) + 1)]
         for slot in slots:
             rounds[slot["round"]][slot["variant"]] = slot["result"]
-        command = slots[0]["command"]  # the command that measured them
+        command, machine = slots[0]["command"], slots[0].get("machine", machine)  # what measured them
     else:
         _comparison(args, _overrides(args.set))  # the bank (and its base evaluation is not needed)
         rounds = [{} for _ in range(args.rounds)]
@@ -226,11 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                                  f"in {slots_file}")
             rounds[r][variant] = json.loads(lines[-1].removeprefix("LOOP_SPEED "))
             with slots_file.open("a") as f:
-                f.write(json.dumps({"round": r, "variant": variant, "command": command, "result": rounds[r][variant]}) + "\n")
+                f.write(json.dumps({"round": r, "variant": variant, "command": command, "machine": _machine(),
+                                    "result": rounds[r][variant]}) + "\n")
             print(json.dumps(rounds[r][variant], indent=2), flush=True)
     trl_files = [RESULTS / name for name in ("opsd_vs_trl.json", "distill_throughput.json")]
     trl = next((json.loads(f.read_text()) for f in trl_files if f.exists()), {})
-    report = build_report(rounds, command=command, steps=args.steps, eval_tasks=args.eval_tasks,
+    report = build_report(rounds, command=command, machine=machine, steps=args.steps, eval_tasks=args.eval_tasks,
                           opsd_vs_trl=_opsd_vs_trl(trl))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -255,7 +257,12 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
-def build_report(rounds: list[dict[str, dict]], *, command: str, steps: int, eval_tasks: int,
+def _machine() -> dict:
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "")}
+
+
+def build_report(rounds: list[dict[str, dict]], *, command: str, machine: dict, steps: int, eval_tasks: int,
                  opsd_vs_trl: float | None) -> dict:
     """The result file from each round's variants (``rounds[r][variant]`` = that slot's measurement)."""
     runs = rounds[0]  # the first round in full; every round's seconds and rates under "rounds"
@@ -265,9 +272,7 @@ def build_report(rounds: list[dict[str, dict]], *, command: str, steps: int, eva
     report = {
         "benchmark": "loop_speed", "command": command,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "")},
-        "steps": steps, "runs": runs, "after_variant": fast,
+        "machine": machine, "steps": steps, "runs": runs, "after_variant": fast,
         "run_before_s": before and before["wall_s"], "run_after_s": after and after["wall_s"],
         "speedup": before["wall_s"] / after["wall_s"] if before and after else None,
         "speedup_eager_engine": (before["wall_s"] / runs["after_eager"]["wall_s"]) if before and "after_eager" in runs else None,

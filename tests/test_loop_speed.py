@@ -64,7 +64,8 @@ def test_the_headline_compares_before_with_the_fast_variant_that_ran_pooled_over
     fast = "after_eager_tcmalloc"
     rounds = [{"before": _slot(1000, 100, 50, 500, 400, 0.25), fast: _slot(500, 100, 25, 500, 50, 0.25)},
               {fast: _slot(700, 300, 50, 500, 100, 0.5), "before": _slot(1400, 300, 150, 500, 500, 0.0)}]
-    report = build_report(rounds, command="python -m benchmarks.loop_speed …", steps=20, eval_tasks=1, opsd_vs_trl=4.0)
+    report = build_report(rounds, command="python -m benchmarks.loop_speed …", machine={"cpu_count": 2}, steps=20,
+                          eval_tasks=1, opsd_vs_trl=4.0)
     assert report["after_variant"] == fast and report["run_after_s"] == 500 and report["run_before_s"] == 1000
     assert report["speedup"] == pytest.approx(2400 / 1200) and report["speedup_per_round"] == [2.0, 2.0]
     # rates pool as Σ tokens / Σ seconds: before 400 tokens in 200 s, the fast variant 400 in 75 s
@@ -85,9 +86,11 @@ def test_report_only_writes_the_result_again_from_the_slots_an_earlier_run_kept(
     slots = [(0, "before", _slot(1000, 100, 50, 500, 400, 0.25)), (0, "after", _slot(400, 100, 20, 500, 50, 0.25)),
              (1, "after", _slot(600, 100, 30, 500, 60, 0.25)), (1, "before", _slot(1200, 100, 60, 500, 480, 0.25))]
     out.with_suffix(".slots.jsonl").write_text("".join(
-        json.dumps({"round": r, "variant": v, "command": "python -m benchmarks.loop_speed --rounds 2", "result": res}) + "\n"
+        json.dumps({"round": r, "variant": v, "command": "python -m benchmarks.loop_speed --rounds 2",
+                    "machine": {"omp_num_threads": "2"}, "result": res}) + "\n"
         for r, v, res in slots))
     assert loop_speed.main(["--root", str(tmp_path), "--report-only", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["command"] == "python -m benchmarks.loop_speed --rounds 2"  # the measuring command, not this one
+    assert report["machine"] == {"omp_num_threads": "2"}  # and the machine it ran on
     assert report["speedup"] == pytest.approx(2200 / 1000) and len(report["rounds"]) == 2
