@@ -3,8 +3,14 @@
 The six stages of one smoke cycle (tiny model, fixed cycle id, one torch thread) run in-process through
 :func:`lopd_core.cycle.run_stage`; every number of ``cycle.json`` and ``distill_history.json`` (timings,
 throughputs, paths and run ids left out) and a checksum of the final student adapter and composer must
-match ``tests/golden/smoke_cycle.json`` within 1e-6 (relative, with a 1e-9 floor for values that are
+match ``tests/golden/smoke_cycle.json`` within 0.5 % (relative, with a 1e-6 floor for values that are
 numerically zero).
+
+Why not tighter: the same code, packages and single torch thread give numbers that differ by up to 2e-4
+(relative) on another CPU of the reference machine's kind, and by up to 2.3e-3 with torch pinned to its AVX2
+kernels (2026-12-07: privilege and gradient-norm figures, a checksum in the 5th digit; the near-zero
+forgetting KL by 1.2e-8). A change of the method moves these figures by far more; a refactor that only
+reorders sums stays inside.
 
 When a change is *meant* to move the numbers (a fix of the method), regenerate the record and say so in
 the commit: ``LOPD_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py``.
@@ -25,6 +31,8 @@ GOLDEN = Path(__file__).parent / "golden" / "smoke_cycle.json"
 CYCLE_ID = "golden"
 VOLATILE = re.compile(r"(_s|_per_s|_per_s_wall|_dir|_at|mlflow_run_id|timings|error)$")
 """Keys whose values depend on the clock, the machine or the workspace path."""
+REL_TOL, ABS_TOL = 5e-3, 1e-6
+"""Float tolerance: what CPUs of one kind differ by in float summation, far below what a change of the method moves."""
 
 
 def scrub(value, key: str = ""):
@@ -87,7 +95,7 @@ def differences(expected, actual, path: str = "") -> list[str]:
         return [d for i, (e, a) in enumerate(zip(expected, actual, strict=True)) for d in differences(e, a, f"{path}[{i}]")]
     if isinstance(expected, float) or isinstance(actual, float):
         if isinstance(actual, bool) or not isinstance(actual, int | float) or \
-                not math.isclose(expected, actual, rel_tol=1e-6, abs_tol=1e-9):
+                not math.isclose(expected, actual, rel_tol=REL_TOL, abs_tol=ABS_TOL):
             return [f"{path}: expected {expected!r}, got {actual!r}"]
         return []
     return [] if expected == actual else [f"{path}: expected {expected!r}, got {actual!r}"]
@@ -106,7 +114,7 @@ def test_smoke_cycle_matches_the_golden_record(tmp_path, models_dir):
 
 def test_the_comparison_catches_a_moved_number():
     golden = {"a": {"x": 0.5, "n": 3, "s": "ok"}, "h": [{"y": 1e-12}]}
-    assert differences(golden, {"a": {"x": 0.5 + 1e-9, "n": 3, "s": "ok", "new": 1}, "h": [{"y": 0.0}]}) == []
-    assert differences(golden, {"a": {"x": 0.5001, "n": 3, "s": "ok"}, "h": [{"y": 0.0}]}) == [
-        "/a/x: expected 0.5, got 0.5001"]
+    assert differences(golden, {"a": {"x": 0.5 * (1 + 2e-3), "n": 3, "s": "ok", "new": 1}, "h": [{"y": 0.0}]}) == []
+    assert differences(golden, {"a": {"x": 0.51, "n": 3, "s": "ok"}, "h": [{"y": 2e-6}]}) == [
+        "/a/x: expected 0.5, got 0.51", "/h[0]/y: expected 1e-12, got 2e-06"]
     assert differences(golden, {"a": {"x": 0.5, "n": 3}, "h": []})[0] == "/a/s: missing"
