@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     command = portable("python -m benchmarks.loop_speed " + " ".join(argv or sys.argv[1:]), lopd_home())
     machine = _machine()
     slots_file = args.out.with_suffix(".slots.jsonl")  # every finished slot, kept as it ends
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         if not slots_file.exists():
             raise SystemExit(f"--report-only reads the slots of an earlier run from {slots_file}, which does not exist")
@@ -215,7 +216,6 @@ def main(argv: list[str] | None = None) -> int:
             earlier = json.loads(args.before_from.read_text())
             rounds[0]["before"] = {**earlier["runs"]["before"], "measured": earlier["created"]}
         variants = [v for v in args.variants.split(",") if not (args.before_from and v == "before")]
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         slots_file.write_text("")
         for r, variant in run_order(variants, args.rounds):
             print(f"[loop_speed] round {r + 1}/{args.rounds}: {variant}", flush=True)
@@ -227,14 +227,13 @@ def main(argv: list[str] | None = None) -> int:
                                  f"in {slots_file}")
             rounds[r][variant] = json.loads(lines[-1].removeprefix("LOOP_SPEED "))
             with slots_file.open("a") as f:
-                f.write(json.dumps({"round": r, "variant": variant, "command": command, "machine": _machine(),
+                f.write(json.dumps({"round": r, "variant": variant, "command": command, "machine": machine,
                                     "result": rounds[r][variant]}) + "\n")
             print(json.dumps(rounds[r][variant], indent=2), flush=True)
     trl_files = [RESULTS / name for name in ("opsd_vs_trl.json", "distill_throughput.json")]
     trl = next((json.loads(f.read_text()) for f in trl_files if f.exists()), {})
     report = build_report(rounds, command=command, machine=machine, steps=args.steps, eval_tasks=args.eval_tasks,
                           opsd_vs_trl=_opsd_vs_trl(trl))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
     return 0
