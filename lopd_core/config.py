@@ -131,7 +131,7 @@ class ModelConfig(_Section):
     autocast: Literal["off", "bfloat16"] = "off"
     """Run the trainer's decoder matmuls in bf16 (weights, gradients, the LM head, log-softmax, δ, KL and the margin stay fp32). Off by default: on SmolLM2-135M it moves per-token δ by up to 0.26 nats (bf16_backward is the safe part)."""
     bf16_backward: bool = False
-    """Run the backward pass's matmuls through frozen weights (the base under the LoRA adapters, the LM head, the teacher the composer's gradient crosses) in bf16. Every forward, log-prob, δ, KL and margin stays fp32; only input gradients are rounded (see lopd_core/models/precision.py)."""
+    """Run the backward pass's matmuls through frozen weights (the base under the LoRA adapters, the LM head, the teacher the composer's gradient crosses) in bf16. Every forward, log-prob, δ, KL and margin stays fp32; only input gradients are rounded (see lopd_core/models/precision.py). Only where bf16 is native (a bf16 GPU, a CPU with AVX-512 BF16 or AMX): elsewhere it is emulated and slower than fp32, and loading the model warns."""
 
 
 def auto_engine() -> str:
@@ -166,8 +166,8 @@ class RolloutConfig(_Section):
     """A folder the server can read, where the student's adapter of each step is written for it to load."""
     engine_sync: Literal["auto", "lora", "weights"] = "auto"
     """How the vllm engine follows the student after each step: 'lora' hot-loads the adapter, 'weights' reloads the merged weights into the running engine; 'auto' = 'lora' for a LoRA student on a GPU, 'weights' for a fully fine-tuned student and on CPU (vLLM-CPU's LoRA path is ~10× slower)."""
-    engine_dtype: Literal["model", "bfloat16", "float32"] = "model"
-    """Weights dtype of the vllm engine ('model' = model.dtype); training always recomputes its log-probs in the model's dtype."""
+    engine_dtype: Literal["model", "auto", "bfloat16", "float32"] = "model"
+    """Weights dtype of the vllm engine ('model' = model.dtype; 'auto' = bfloat16 where the device multiplies bf16 natively (a bf16 GPU, a CPU with AVX-512 BF16 or AMX), else float32: an AVX2-only CPU emulates bf16 ~50× slower than fp32); training always recomputes its log-probs in the model's dtype."""
     engine_eager: bool = False
     """Run the vllm engine without torch.compile. On the 2-core CPU reference the engine then starts in ~6 s instead of ~55 s but generates ~20 % fewer tokens/s (batch 32): worth it for short runs, not for long ones or on a GPU (benchmarks/results/loop_speed.json)."""
     n_tasks: int = Field(16, ge=1)

@@ -100,7 +100,7 @@ def test_the_demo_profile_takes_vllm_where_it_is_installed_and_says_which_engine
 
     here = "vllm" if importlib.util.find_spec("vllm") else "hf"
     demo = load_config("demo")
-    assert demo.rollout.engine == here and demo.rollout.engine_dtype == "bfloat16"
+    assert demo.rollout.engine == here and demo.rollout.engine_dtype == "auto"
     assert load_config("smoke").rollout.engine == "hf"  # the tests' profile never switches engines
     for installed in ("vllm", "hf"):
         monkeypatch.setattr(config_module, "auto_engine", lambda installed=installed: installed)

@@ -81,3 +81,36 @@ def test_the_config_installs_it_on_the_shared_base_only_when_asked(flag, models_
     installed = [m for m in policies.base.modules() if isinstance(m, Bf16BackwardLinear)]
     assert bool(installed) is flag
     assert all(not m.weight.requires_grad for m in installed)  # never on a LoRA matrix
+
+
+AVX2_FLAGS = "fpu vme sse sse2 avx avx2 fma bmi2"
+
+
+@pytest.mark.parametrize(("extra", "native"), [("", False), (" avx512f avx512_vnni", False),
+                                               (" avx512f avx512_bf16", True), (" amx_tile amx_bf16", True)])
+def test_cpu_bf16_is_native_only_with_avx512_bf16_or_amx(tmp_path, extra, native):
+    from lopd_core.models.precision import cpu_has_native_bf16
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {AVX2_FLAGS}{extra}\n\n")
+    assert cpu_has_native_bf16(str(info)) is native
+    assert cpu_has_native_bf16(str(tmp_path / "absent")) is False  # unreadable: fp32, never the slow choice
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_engine_dtype_auto_is_bf16_only_where_it_is_native_and_bf16_backward_warns_elsewhere(
+        monkeypatch, caplog, models_dir, native):
+    from lopd_core.models import policy, precision
+    from lopd_core.rollout.engines import engine_dtype
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
+    cfg = load_config("smoke", {"model.device": "cpu", "rollout.engine_dtype": "auto"})
+    assert engine_dtype(cfg) == ("bfloat16" if native else "float32")
+    assert engine_dtype(cfg.with_overrides({"rollout.engine_dtype": "model"})) == "float32"  # model.dtype
+    assert engine_dtype(cfg.with_overrides({"rollout.engine_dtype": "bfloat16"})) == "bfloat16"  # asked for
+
+    cfg = load_config("smoke", {"model.device": "cpu", "model.bf16_backward": "true"})
+    with caplog.at_level("WARNING", logger=policy.log.name):
+        policy.build_policy_set(cfg.model, cfg.distill.lopd, models_dir, device="cpu")
+    warned = [r for r in caplog.records if "bf16_backward" in r.getMessage()]
+    assert bool(warned) is not native

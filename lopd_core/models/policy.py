@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ from torch import Tensor, nn
 
 from lopd_core.config import LOPDConfig, ModelConfig
 from lopd_core.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-from lopd_core.models.precision import install_bf16_backward
+from lopd_core.models.precision import install_bf16_backward, native_bf16
+
+log = logging.getLogger(__name__)
 
 STUDENT = "student"
 ENCODER = "encoder"
@@ -332,6 +335,9 @@ def build_policy_set(model_cfg: ModelConfig, lopd_cfg: LOPDConfig, models_dir: P
         policies.add_adapter(STUDENT, rank=model_cfg.lora_rank, alpha=model_cfg.lora_alpha,
                              targets=model_cfg.lora_targets, trainable=True)
     if model_cfg.bf16_backward:
+        if not native_bf16(model_cfg.device):
+            log.warning("model.bf16_backward: this device has no native bf16 (a CPU without AVX-512 BF16 or AMX "
+                        "emulates it), so the bf16 backward is slower than fp32 here; set model.bf16_backward=false")
         install_bf16_backward(peft_model)  # a full student's weights train, so its gradients stay fp32
     policies._set_active(policies.default_adapter())
     peft_model.eval()

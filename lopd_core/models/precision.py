@@ -17,6 +17,9 @@ against fp32 and the speed of the step.
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -74,3 +77,25 @@ def install_bf16_backward(model: nn.Module) -> int:
             module.__class__ = Bf16BackwardLinear
             count += 1
     return count
+
+
+@functools.cache
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX). Without it torch emulates bf16, which
+    is far slower than fp32: on a 2-core AVX2-only EPYC a 256×576 · 576×1536 matmul took 508 ms in bf16 against
+    10 ms in fp32, so the vLLM-CPU engine in bf16 did not finish a 7-minute probe in 25 minutes. Where the flags
+    cannot be read (no ``/proc/cpuinfo``), False: fp32 is the choice that is never that slow."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def native_bf16(device: str) -> bool:
+    """Whether bf16 matmuls run natively on ``device`` ('cpu', 'cuda', 'cuda:1', or 'auto' = cuda when there
+    is one): a GPU that supports bf16, or a CPU with AVX-512 BF16 or AMX (:func:`cpu_has_native_bf16`)."""
+    if device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return cpu_has_native_bf16()

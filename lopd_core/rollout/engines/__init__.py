@@ -84,7 +84,12 @@ def shared_vllm_engine(model_path: str | Path, *, dtype: str, device: str, max_m
 
 
 def engine_dtype(cfg: Config) -> str:
-    """The engine's weights dtype: ``rollout.engine_dtype``, or the model's (``model.dtype``)."""
+    """The engine's weights dtype: ``rollout.engine_dtype``, the model's (``model.dtype``) for 'model', and for
+    'auto' bf16 where the device multiplies it natively, else fp32."""
+    if cfg.rollout.engine_dtype == "auto":
+        from lopd_core.models.precision import native_bf16
+
+        return "bfloat16" if native_bf16(cfg.model.device) else "float32"
     return cfg.model.dtype if cfg.rollout.engine_dtype == "model" else cfg.rollout.engine_dtype
 
 
