@@ -62,10 +62,10 @@ bench: setup
 	$(BIN)/python -m benchmarks.run_all
 
 lint: setup
-	$(BIN)/ruff check lopd_core flows data_contracts tests benchmarks
+	$(BIN)/ruff check lopd_core lopd_cli flows data_contracts tests benchmarks
 
 format: setup
-	$(BIN)/ruff format lopd_core flows data_contracts tests benchmarks
+	$(BIN)/ruff format lopd_core lopd_cli flows data_contracts tests benchmarks
 
 clean-workspace:
 	rm -rf $(LOPD_HOME)

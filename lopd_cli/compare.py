@@ -12,10 +12,10 @@ import typer
 
 from lopd_cli.common import (
     JsonFlag,
-    engine_line,
     Overrides,
     Profile,
     emit_json,
+    engine_line,
     fail,
     load,
     log,

@@ -14,7 +14,18 @@ from typing import Annotated
 
 import typer
 
-from lopd_cli.common import JsonFlag, Overrides, Profile, emit_json, engine_line, err, fail, load, out, workspace
+from lopd_cli.common import (
+    JsonFlag,
+    Overrides,
+    Profile,
+    emit_json,
+    engine_line,
+    err,
+    fail,
+    load,
+    out,
+    workspace,
+)
 
 
 def _config(profile, set_, *, suite, steps, method):
