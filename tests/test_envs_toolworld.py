@@ -182,3 +182,21 @@ def test_validation_split_covers_every_family_and_leaves_out_what_training_saw(s
     assert {t.family for t in valid} == families  # few distinct requests (count_meetings) do not empty a family
     dropped = validation_tasks(suite, 64, level=1, exclude={task_fingerprint(valid[0])})
     assert valid[0].task_id not in {t.task_id for t in dropped}
+
+
+@pytest.mark.parametrize("family", ["calendar/count_meetings", "shop/count_orders"])
+def test_a_count_is_credited_only_when_stated_alone(suite, family):
+    """The bank's sampled successes held "There are 23 meetings (2 events in total)." and "This order has 1,
+    and all other orders have 2.": a count answer that also states another whole number is a hedge."""
+    task = next(t for t in suite.tasks("train", 200, level=1) if t.family == family)
+    item, = task.payload["checklist"]["answer"]
+    assert item["only"] is True
+    n = int(item["number"])
+    call = task.oracle_turns[0]
+    for answer, credited in [(f"You have {n} of them on 2026-06-03 (B7777, F790; the 1:1 at 09:30).", True),
+                             (f"There are {n}, 45.20 EUR in all.", True),  # an amount with decimals is no count
+                             (f"There are {n + 21} ({n} in total).", False),
+                             (f"It is {', '.join(str(k) for k in range(1, n + 3))}.", False),
+                             (f"There are {n + 1}.", False)]:
+        result, _ = _play(suite, task, [call, answer])
+        assert result.success is credited, answer

@@ -69,6 +69,15 @@ def arguments_match(expected: dict[str, Any], actual: dict[str, Any]) -> bool:
     return all(k in actual and normalize(actual[k]) == normalize(v) for k, v in expected.items())
 
 
+_NOT_A_QUANTITY_RE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}:\d{1,2}\b|\b[A-Za-z]+-?\d[\w-]*")
+
+
+def stated_quantities(text: str) -> list[float]:
+    """The numbers ``text`` states as quantities: every number except those inside a date (2026-06-03), a time
+    or a ratio-like title (08:30, 1:1) or an identifier that starts with letters (B7777, ORD-12)."""
+    return numbers_in(_NOT_A_QUANTITY_RE.sub(" ", text))
+
+
 def numbers_in(text: str) -> list[float]:
     found = []
     for raw in _NUMBER_RE.findall(text):
@@ -88,8 +97,15 @@ class AnswerItem:
     tolerance: float = 0.01
     """Absolute tolerance for numbers."""
     label: str = ""
+    only: bool = False
+    """For a count: the answer states the number and no other whole number (:func:`stated_quantities`;
+    dates, times, identifiers and amounts with decimals aside), so that a hedge ("1, 2, 3 or 4 meetings") or
+    a contradiction ("23 meetings (2 events in total)") is not credited for containing the right one."""
 
     def satisfied_by(self, answer: str) -> bool:
+        if self.number is not None and self.only:
+            counts = [n for n in stated_quantities(answer) if n == int(n)]
+            return bool(counts) and all(math.isclose(n, self.number, abs_tol=self.tolerance) for n in counts)
         if self.number is not None:
             return any(math.isclose(n, self.number, abs_tol=self.tolerance) for n in numbers_in(answer))
         return bool(self.text) and normalize(self.text) in normalize(answer)
@@ -100,7 +116,8 @@ class AnswerItem:
         return f"the answer mentions {self.number:g}" if self.number is not None else f"the answer mentions {self.text!r}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "number": self.number, "tolerance": self.tolerance, "label": self.label}
+        item = {"text": self.text, "number": self.number, "tolerance": self.tolerance, "label": self.label}
+        return {**item, "only": True} if self.only else item  # other tasks keep their content fingerprint
 
 
 @dataclass

@@ -128,7 +128,7 @@ def count_meetings(rng: random.Random, split: Split) -> Blueprint:
         _day(rng, split, rng.randint(1, 2), other, state)
     text = phrase(rng, {"train": ["How many meetings do I have on {d}?"],
                         "test": ["Count my meetings on {d}, please."]}, split, d=date)
-    return Blueprint(text, state, [("list_events", {"date": date})], [AnswerItem(number=n)],
+    return Blueprint(text, state, [("list_events", {"date": date})], [AnswerItem(number=n, only=True)],
                      f"You have {n} meeting{'s' if n != 1 else ''} on {date}.")
 
 
@@ -167,7 +167,7 @@ def clear_person(rng: random.Random, split: Split) -> Blueprint:
                         "test": ["{p} is away on {d}: delete every meeting I have with them that day."]},
                   split, p=person, d=date)
     calls = [("list_events", {"date": date})] + [("delete_event", {"event_id": e}) for e in doomed]
-    return Blueprint(text, state, calls, [AnswerItem(number=2, label="the answer says 2 meetings were removed")],
+    return Blueprint(text, state, calls, [AnswerItem(number=2, only=True, label="the answer says 2 meetings were removed")],
                      f"I deleted the 2 meetings with {person} on {date}.")
 
 

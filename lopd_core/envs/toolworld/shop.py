@@ -136,7 +136,7 @@ def count_orders(rng: random.Random, split: Split) -> Blueprint:
     state, _ = _state(rng, split, customer, [rng.choice(["processing", "shipped", "delivered"]) for _ in range(n)])
     text = phrase(rng, {"train": ["How many orders has {c} placed?"], "test": ["Count the orders of {c}, please."]},
                   split, c=customer)
-    return Blueprint(text, state, [("list_orders", {"customer": customer})], [AnswerItem(number=n)],
+    return Blueprint(text, state, [("list_orders", {"customer": customer})], [AnswerItem(number=n, only=True)],
                      f"{customer} has placed {n} order{'s' if n != 1 else ''}.")
 
 
