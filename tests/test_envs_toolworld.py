@@ -197,6 +197,8 @@ def test_a_count_is_credited_only_when_stated_alone(suite, family):
                              (f"There are {n}, 45.20 EUR in all.", True),  # an amount with decimals is no count
                              (f"There are {n + 21} ({n} in total).", False),
                              (f"It is {', '.join(str(k) for k in range(1, n + 3))}.", False),
-                             (f"There are {n + 1}.", False)]:
+                             (f"There are {n + 1}.", False),
+                             (f"One is B114, and there are {n + 1} in all.", False),  # a number word counts too
+                             (f"There are {['zero', 'one', 'two', 'three', 'four'][n]}.", True)]:
         result, _ = _play(suite, task, [call, answer])
         assert result.success is credited, answer

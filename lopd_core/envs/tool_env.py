@@ -72,10 +72,17 @@ def arguments_match(expected: dict[str, Any], actual: dict[str, Any]) -> bool:
 _NOT_A_QUANTITY_RE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}:\d{1,2}\b|\b[A-Za-z]+-?\d[\w-]*")
 
 
+_NUMBER_WORDS = {w: float(i) for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve".split())} | {"none": 0.0}
+_NUMBER_WORD_RE = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b", re.IGNORECASE)
+
+
 def stated_quantities(text: str) -> list[float]:
-    """The numbers ``text`` states as quantities: every number except those inside a date (2026-06-03), a time
-    or a ratio-like title (08:30, 1:1) or an identifier that starts with letters (B7777, ORD-12)."""
-    return numbers_in(_NOT_A_QUANTITY_RE.sub(" ", text))
+    """The numbers ``text`` states as quantities: every number, in digits or as a word up to twelve ("one",
+    "none"), except those inside a date (2026-06-03), a time or a ratio-like title (08:30, 1:1) or an
+    identifier that starts with letters (B7777, ORD-12)."""
+    text = _NOT_A_QUANTITY_RE.sub(" ", text)
+    return numbers_in(text) + [_NUMBER_WORDS[w.lower()] for w in _NUMBER_WORD_RE.findall(text)]
 
 
 def numbers_in(text: str) -> list[float]:
@@ -98,7 +105,7 @@ class AnswerItem:
     """Absolute tolerance for numbers."""
     label: str = ""
     only: bool = False
-    """For a count: the answer states the number and no other whole number (:func:`stated_quantities`;
+    """For a count: the answer states the number and no other whole number, in digits or words (:func:`stated_quantities`;
     dates, times, identifiers and amounts with decimals aside), so that a hedge ("1, 2, 3 or 4 meetings") or
     a contradiction ("23 meetings (2 events in total)") is not credited for containing the right one."""
 
