@@ -115,3 +115,14 @@ def test_worked_examples_are_played_as_turns():
     messages = suite.make_env(task).reset(task)
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
     assert messages[2]["content"].startswith("<tool_call>") and "Moby Dick" not in task.instruction
+
+
+def test_a_plugin_count_can_refuse_hedged_answers(tmp_path):
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "t1", "instruction": "How many books are out?",
+                                                      "expected_answer": [{"number": 2, "only": True}]}) + "\n")
+    (tmp_path / "books.py").write_text('def books_out() -> int:\n    """How many books are out."""\n    return 2\n')
+    (tmp_path / "s.yaml").write_text("name: counter\ntools: {module: books.py}\ntasks: tasks.jsonl\n")
+    suite = load_plugin_suite(tmp_path / "s.yaml")
+    task = suite.tasks("train", 5)[0]
+    assert _play(suite, task, ["Two books (BK-10 and BK-12) are out since 2026-05-01."]).success
+    assert not _play(suite, task, ["1, 2 or 3 books are out."]).success

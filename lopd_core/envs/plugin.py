@@ -299,7 +299,7 @@ def _answer_item(value: Any, where: str) -> dict[str, Any]:
             return AnswerItem(**value).to_dict()
         except TypeError as exc:
             raise PluginError(f"{where}: {exc}") from None
-    raise PluginError(f"{where}: items are strings, numbers or {{\"number\": x, \"tolerance\": t}}")
+    raise PluginError(f"{where}: items are strings, numbers or {{\"number\": x, \"tolerance\": t, \"only\": true}}")
 
 
 def _names_field(value: Any, tool_names: list[str], where: str) -> list[str]:
