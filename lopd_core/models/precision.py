@@ -96,6 +96,8 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 def native_bf16(device: str) -> bool:
     """Whether bf16 matmuls run natively on ``device`` ('cpu', 'cuda', 'cuda:1', or 'auto' = cuda when there
     is one): a GPU that supports bf16, or a CPU with AVX-512 BF16 or AMX (:func:`cpu_has_native_bf16`)."""
-    if device != "cpu" and torch.cuda.is_available():
+    from lopd_core.rollout.engines import on_gpu
+
+    if on_gpu(device):
         return torch.cuda.is_bf16_supported()
     return cpu_has_native_bf16()
