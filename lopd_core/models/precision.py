@@ -93,11 +93,15 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def on_gpu(device: str) -> bool:
+    """Whether ``model.device`` ('cpu', 'cuda', 'cuda:1', or 'auto' = cuda when there is one) puts work on a
+    GPU here."""
+    return device != "cpu" and torch.cuda.is_available()
+
+
 def native_bf16(device: str) -> bool:
     """Whether bf16 matmuls run natively on ``device`` ('cpu', 'cuda', 'cuda:1', or 'auto' = cuda when there
     is one): a GPU that supports bf16, or a CPU with AVX-512 BF16 or AMX (:func:`cpu_has_native_bf16`)."""
-    from lopd_core.rollout.engines import on_gpu
-
     if on_gpu(device):
         return torch.cuda.is_bf16_supported()
     return cpu_has_native_bf16()

@@ -18,6 +18,7 @@ from typing import Any
 from lopd_core.config import Config
 from lopd_core.models.loading import load_causal_lm, load_tokenizer
 from lopd_core.models.policy import PolicySet
+from lopd_core.models.precision import on_gpu
 from lopd_core.rollout.engines.base import Engine, Generation, SamplingParams
 from lopd_core.rollout.engines.hf import HFEngine
 from lopd_core.rollout.engines.server import ServerEngine
@@ -91,13 +92,6 @@ def engine_dtype(cfg: Config) -> str:
 
         return "bfloat16" if native_bf16(cfg.model.device) else "float32"
     return cfg.model.dtype if cfg.rollout.engine_dtype == "model" else cfg.rollout.engine_dtype
-
-
-def on_gpu(device: str) -> bool:
-    """Whether ``model.device`` puts the engine on a GPU here."""
-    import torch
-
-    return device != "cpu" and torch.cuda.is_available()
 
 
 def engine_sync(cfg: Config) -> str:

@@ -43,6 +43,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
+from lopd_core.models.precision import on_gpu
 from lopd_core.rollout.engines.base import Generation, SamplingParams
 
 PolicySync = Literal["lora", "weights"]
@@ -96,20 +97,19 @@ class VLLMEngine:
                  enforce_eager: bool = False, seed: int = 0, policy_version: str = "base", **llm_kwargs):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
-            import torch
             from vllm import LLM
         except ImportError as exc:  # pragma: no cover - exercised only without vllm
             raise ImportError(
                 "the vllm engine needs vLLM: build the vLLM-CPU environment with `make test-vllm` "
                 "(.venv-vllm) or install the GPU stack from requirements/gpu.txt; use --engine hf otherwise"
             ) from exc
-        on_gpu = device != "cpu" and torch.cuda.is_available()
-        if device.startswith("cuda") and not on_gpu:
+        gpu = on_gpu(device)
+        if device.startswith("cuda") and not gpu:
             raise ValueError(f"device '{device}' requested but CUDA is not available (use 'cpu' or 'auto')")
-        self.policy_sync: PolicySync = policy_sync or ("lora" if on_gpu else "weights")
+        self.policy_sync: PolicySync = policy_sync or ("lora" if gpu else "weights")
         if self.policy_sync not in ("lora", "weights"):
             raise ValueError(f"policy_sync must be 'lora' or 'weights' (got {self.policy_sync!r})")
-        if not on_gpu:
+        if not gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
         kwargs: dict[str, Any] = dict(
             model=str(model_path), tokenizer=str(model_path), dtype=dtype, max_model_len=max_model_len,
@@ -118,7 +118,7 @@ class VLLMEngine:
         )
         if self.policy_sync == "lora":
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
-        if on_gpu:
+        if gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
             # Never split a prompt across scheduler steps on CPU: vLLM rewinds a seeded request's generator
