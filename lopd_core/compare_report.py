@@ -142,7 +142,8 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
              f"Base model held-out success: {base.get('eval/success_rate', float('nan')):.3f} "
              f"(mean reward {base.get('eval/mean_reward', float('nan')):.3f})", "",
              "![curves](curves.png)", "", "What each model reads: [inputs.md](inputs.md). Every final evaluation's "
-             f"task scores: [{FINAL_ROWS}]({FINAL_ROWS}).", ""]
+             f"task scores: [{FINAL_ROWS}]({FINAL_ROWS}); what the agent did in each greedy episode: "
+             f"[{FINAL_TRANSCRIPTS}]({FINAL_TRANSCRIPTS}) (evaluations made since 2026-12-07).", ""]
     lines += [f"Identical curves (they overlap in the plot): {', '.join(names)}.  " for names in identical_curves(groups)]
     lines += ["", "## Final held-out success", "",
               "Mean reward is the verifier's partial credit (share of tests passed, of checks met), so it moves "
@@ -184,6 +185,7 @@ def write_report(result: dict[str, Any], out_dir: Path, *, machine: str, command
 
     (out_dir / "results.json").write_text(scrub(json.dumps(result, indent=2, default=str)))
     rows.write(out_dir / FINAL_ROWS)  # scores and task ids only: no path to scrub
+    rows.write_transcripts(out_dir / FINAL_TRANSCRIPTS)
     inputs = Path(result["root"]) / "inputs.md" if result.get("root") else None
     if inputs is not None and inputs.exists():
         (out_dir / "inputs.md").write_text(scrub(inputs.read_text()))
@@ -203,6 +205,7 @@ def final_rows(root: Path, run: dict[str, Any], split: str) -> list[dict[str, An
 
 
 FINAL_ROWS = "final_rows.jsonl"  # beside a report's results.json
+FINAL_TRANSCRIPTS = "final_transcripts.jsonl"  # the greedy episodes behind those rows, as text
 EVAL_SPLITS = ("validation", "test")
 _ROW_TEXT = ("task_id", "family", "cluster")  # the only text a compact row keeps; the rest are its scores
 
@@ -260,6 +263,18 @@ class TaskRows:
         lines = [json.dumps({"run": run, "split": split, **{k: v for k, v in row.items()
                                                             if k in _ROW_TEXT or isinstance(v, (int, float, bool))}})
                  for (run, split), rows in sorted(self._rows.items()) for row in rows]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def write_transcripts(self, path: Path) -> Path | None:
+        """The transcript of each row's greedy episode (``episode_transcript``), keyed like the rows, so that
+        a report's answers can be read and re-scored after the work directory is gone; None when no row has
+        one (evaluations made before transcripts were kept)."""
+        lines = [json.dumps({"run": run, "split": split, "task_id": row["task_id"], "reward": row.get("reward"),
+                             "transcript": row["transcript"]})
+                 for (run, split), rows in sorted(self._rows.items()) for row in rows if row.get("transcript")]
+        if not lines:
+            return None
         path.write_text("\n".join(lines) + "\n")
         return path
 

@@ -118,12 +118,22 @@ def task_cluster(task) -> str:
     return f"{task.family}|{task.payload.get('phrasing', '')}"
 
 
+def episode_transcript(episode: Trajectory, limit: int = 1500) -> str:
+    """The agent's own part of an episode as text: its turns and the tool observations (shortened as the
+    experience store shortens them), after the prompt, cut at ``limit`` characters. Kept beside a task row so
+    that an evaluation can be read, and re-scored, after the run (a hedged answer is found this way)."""
+    messages = (episode.messages_lite or episode.messages)[episode.initial_messages:]
+    text = "\n".join(f"[{m.get('role')}] {m.get('content') or ''}" for m in messages)
+    return text if len(text) <= limit else text[:limit] + " …"
+
+
 def score_tasks(policies, tasks: list, suite, *, cfg: Config, label: str, weights: str = "student", samples: int = 0,
                 tool_name: bool = False) -> list[dict[str, Any]]:
     """One row per task: the greedy episode's reward and success, the mean success of ``samples`` sampled
     episodes (rollout temperature), and the log-probability of the correct tool name on the task's oracle
-    first action (``tool_name``: a continuous signal that moves before success does). ``weights``: the
-    student's or the base's; episodes are played on ``rollout.engine``."""
+    first action (``tool_name``: a continuous signal that moves before success does), and the greedy
+    episode's :func:`episode_transcript`. ``weights``: the student's or the base's; episodes are played on
+    ``rollout.engine``."""
     def play_all(rows: list, temperature: float, seed: int) -> list[Trajectory]:
         with policy_engine(cfg, policies, weights=weights, version=label) as engine:
             return play(cfg.rollout, engine, policies.tokenizer, suite, rows, seed=seed, temperature=temperature,
@@ -131,7 +141,8 @@ def score_tasks(policies, tasks: list, suite, *, cfg: Config, label: str, weight
 
     greedy = play_all(tasks, cfg.evaluate.temperature, EVAL_SEED)
     rows = [{"task_id": t.task_id, "family": t.family, "cluster": task_cluster(t), "split": t.split,
-             "reward": e.reward, "success": float(e.success), "response_tokens": float(e.n_generated)}
+             "reward": e.reward, "success": float(e.success), "response_tokens": float(e.n_generated),
+             "transcript": episode_transcript(e)}
             for t, e in zip(tasks, greedy, strict=True)]
     if samples:
         sampled = play_all([t for t in tasks for _ in range(samples)], cfg.rollout.temperature, EVAL_SEED + 1)

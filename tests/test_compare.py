@@ -162,6 +162,12 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     assert all(set(r) >= {"task_id", "family", "reward", "success"} for r in kept)
     assert not any(isinstance(v, str) and k not in ("run", "split", "task_id", "family", "cluster")
                    for r in kept for k, v in r.items())
+    # beside them, what the agent did in each of those greedy episodes: its own turns after the prompt
+    transcripts = [json.loads(line) for line in (report / "final_transcripts.jsonl").read_text().splitlines()]
+    assert {(r["run"], r["split"], r["task_id"]) for r in transcripts} == {(r["run"], r["split"], r["task_id"])
+                                                                           for r in kept}
+    assert all(r["transcript"].startswith("[assistant] ") for r in transcripts)
+    assert "[system]" not in transcripts[0]["transcript"] and "[user]" not in transcripts[0]["transcript"]
     alone = tmp_path / "self_improvement_from_report.json"
     assert self_improvement.main(["--report", str(report / "results.json"), "--out", str(alone)]) == 0
     from_report = json.loads(alone.read_text())
@@ -343,6 +349,29 @@ def test_task_rows_kept_beside_a_report_round_trip_and_name_a_bad_line(tmp_path)
     assert back.base("test")[1] == {"task_id": "t1", "family": "bank/account_of", "cluster": "bank/account_of/p0",
                                     "reward": 1.0, "success": True}  # no transcript, no free text
     assert TaskRows({}).write(tmp_path / "none.jsonl") is None and not (tmp_path / "none.jsonl").exists()
+    assert rows.write_transcripts(tmp_path / "t.jsonl") is None  # rows evaluated before transcripts were kept
+    rows = TaskRows({("base", "test"): [{**row("t0", 0.0), "transcript": "[assistant] There are 2 meetings."}],
+                     ("lopd-s0", "test"): [row("t0", 1.0)]})
+    kept = [json.loads(line) for line in rows.write_transcripts(tmp_path / "t.jsonl").read_text().splitlines()]
+    assert kept == [{"run": "base", "split": "test", "task_id": "t0", "reward": 0.0,
+                     "transcript": "[assistant] There are 2 meetings."}]
+    assert "transcript" not in TaskRows.from_file(rows.write(tmp_path / "r.jsonl")).base("test")[0]
     (tmp_path / "bad.jsonl").write_text(path.read_text() + json.dumps({"run": "lopd-s0", "reward": 1.0}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl, line 5: a task row without 'split'"):
         TaskRows.from_file(tmp_path / "bad.jsonl")
+
+
+def test_an_evaluation_transcript_is_the_agents_own_part_with_shortened_observations():
+    from test_memory_support import make_trajectory
+
+    from lopd_core.evaluation import episode_transcript
+
+    episode = make_trajectory(3, answer="There are 2 meetings.", observation="x" * 900)
+    text = episode_transcript(episode)
+    assert text.startswith('[assistant] <tool_call>{"name": "lookup"') and text.endswith("[assistant] There are 2 meetings.")
+    assert "helpful agent" not in text and "task number 3" not in text  # no system prompt, no request
+    lite = [*episode.messages[:3], {"role": "tool", "content": "xxx …"}, episode.messages[4]]
+    assert "x" * 900 not in episode_transcript(make_trajectory(3, answer="Two.", observation="x" * 900,
+                                                               messages_lite=lite))
+    cut = episode_transcript(episode, limit=40)
+    assert len(cut) == 42 and cut.endswith(" …")
