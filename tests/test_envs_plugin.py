@@ -126,3 +126,19 @@ def test_a_plugin_count_can_refuse_hedged_answers(tmp_path):
     task = suite.tasks("train", 5)[0]
     assert _play(suite, task, ["Two books (BK-10 and BK-12) are out since 2026-05-01."]).success
     assert not _play(suite, task, ["1, 2 or 3 books are out."]).success
+
+
+def test_a_plugin_temperature_refuses_a_contradicting_one_and_a_bad_unit_is_named(tmp_path):
+    row = {"id": "t1", "instruction": "How warm is the reading room, in °F?",
+           "expected_answer": [{"number": 68, "tolerance": 0.6, "unit": "F", "other": 20}]}
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "room.py").write_text('def room_celsius() -> float:\n    """The room temperature in °C."""\n    return 20.0\n')
+    (tmp_path / "s.yaml").write_text("name: room\ntools: {module: room.py}\ntasks: tasks.jsonl\n")
+    suite = load_plugin_suite(tmp_path / "s.yaml")
+    task = suite.tasks("train", 5)[0]
+    assert _play(suite, task, ["It is 68 °F (20 °C)."]).success
+    assert not _play(suite, task, ["68 °C, that is 154.4 °F."]).success
+    row["expected_answer"][0]["unit"] = "K"
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(PluginError, match="unit 'C' or 'F'"):
+        load_plugin_suite(tmp_path / "s.yaml").tasks("train", 5)

@@ -202,3 +202,35 @@ def test_a_count_is_credited_only_when_stated_alone(suite, family):
                              (f"There are {['zero', 'one', 'two', 'three', 'four'][n]}.", True)]:
         result, _ = _play(suite, task, [call, answer])
         assert result.success is credited, answer
+
+
+@pytest.mark.parametrize("family,level", [("weather/convert_only", 1), ("weather/temp_celsius", 1),
+                                          ("weather/temp_fahrenheit", 2)])
+def test_a_temperature_is_credited_only_without_a_contradicting_one(suite, family, level):
+    """The bank's sampled conversions held "48.2 °C is 159.78 °F." (for 9 °C) and the students answered
+    "44.6 °F is 44.6 °C.": the right number beside a temperature that contradicts it earns no credit."""
+    task = next(t for t in suite.tasks("train", 200, level=level) if t.family == family)
+    item, = task.payload["checklist"]["answer"]
+    value, other, unit = item["number"], item["other"], item["unit"]
+    mark, other_mark = ("°C", "°F") if unit == "C" else ("°F", "°C")
+    for answer, credited in [(f"It is {value:g} {mark}.", True),
+                             (f"It is {value:g} {mark} ({other:g} {other_mark}), humidity 45%, at 09:30.", True),
+                             (f"{other:g} is {value:g} degrees.", True),  # unmarked: either reading
+                             (f"{value:g}.", True),
+                             (f"{value:g} {other_mark} is {value + 100:g} {mark}.", False),
+                             (f"{value:g} {mark} is {value:g} {other_mark}.", False),
+                             (f"It is {value:g} {mark}, or {value + 30:g}°.", False)]:
+        result, _ = _play(suite, task, [*task.oracle_turns[:-1], answer])
+        assert result.success is credited, answer
+    # the other families keep their items (and their content fingerprints) as they were
+    plain = next(t for t in suite.tasks("train", 200, level=1) if t.family == "bank/balance_by_id")
+    assert "unit" not in plain.payload["checklist"]["answer"][0]
+
+
+def test_a_temperature_item_names_what_it_lacks():
+    from lopd_core.envs.tool_env import AnswerItem
+
+    with pytest.raises(ValueError, match="unit 'C' or 'F'.*got unit='K'"):
+        AnswerItem(number=280.0, unit="K", other=7.0)
+    with pytest.raises(ValueError, match="other=None"):
+        AnswerItem(number=53.6, unit="F")

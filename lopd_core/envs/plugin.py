@@ -297,7 +297,7 @@ def _answer_item(value: Any, where: str) -> dict[str, Any]:
     if isinstance(value, dict) and ("text" in value or "number" in value):
         try:
             return AnswerItem(**value).to_dict()
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise PluginError(f"{where}: {exc}") from None
     raise PluginError(f"{where}: items are strings, numbers or {{\"number\": x, \"tolerance\": t, \"only\": true}}")
 

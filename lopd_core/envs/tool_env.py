@@ -85,6 +85,22 @@ def stated_quantities(text: str) -> list[float]:
     return numbers_in(text) + [_NUMBER_WORDS[w.lower()] for w in _NUMBER_WORD_RE.findall(text)]
 
 
+_TEMPERATURE_RE = re.compile(r"(-?\d+(?:\.\d+)?)\s*(°\s*[CF]?|degrees?(?:\s+(?:Celsius|Fahrenheit|C|F))?|Celsius|Fahrenheit|[CF])"
+                             r"(?![A-Za-z])", re.IGNORECASE)
+
+
+def stated_temperatures(text: str) -> list[tuple[float, str]]:
+    """The temperatures ``text`` states, each with its unit: ``"C"``, ``"F"`` or ``""`` (a bare ° or
+    "degrees"). A number counts as a temperature only with one of these marks after it ("12 °C", "53.6 F",
+    "20 degrees Celsius"); "45% humidity" or "at 09:30" are not temperatures."""
+    found = []
+    for value, mark in _TEMPERATURE_RE.findall(_NOT_A_QUANTITY_RE.sub(" ", text)):
+        mark = mark.lower()
+        unit = "C" if ("c" in mark.replace("degree", "")) else "F" if "f" in mark else ""
+        found.append((float(value), unit))
+    return found
+
+
 def numbers_in(text: str) -> list[float]:
     found = []
     for raw in _NUMBER_RE.findall(text):
@@ -108,14 +124,37 @@ class AnswerItem:
     """For a count: the answer states the number and no other whole number, in digits or words (:func:`stated_quantities`;
     dates, times, identifiers and amounts with decimals aside), so that a hedge ("1, 2, 3 or 4 meetings") or
     a contradiction ("23 meetings (2 events in total)") is not credited for containing the right one."""
+    unit: str = ""
+    """For one temperature reading: ``"C"`` or ``"F"``, the unit ``number`` is in. The answer must then state no
+    temperature that contradicts it (:func:`stated_temperatures`): one marked in ``unit`` is ``number``, one
+    marked in the other unit is ``other``, an unmarked one is either. "48.2 °C is 159.78 °F" for 9 °C, or
+    "44.6 °F is 44.6 °C", contain the right number and are not credited."""
+    other: float | None = None
+    """With ``unit``: the same reading in the other unit (the request's °C value of a conversion to °F)."""
+
+    def __post_init__(self) -> None:
+        if self.unit and (self.unit not in ("C", "F") or self.number is None or self.other is None):
+            raise ValueError(f"a temperature answer item needs unit 'C' or 'F', a number and the other unit's "
+                             f"reading as other (got unit={self.unit!r}, number={self.number}, other={self.other})")
 
     def satisfied_by(self, answer: str) -> bool:
         if self.number is not None and self.only:
             counts = [n for n in stated_quantities(answer) if n == int(n)]
             return bool(counts) and all(math.isclose(n, self.number, abs_tol=self.tolerance) for n in counts)
+        if self.number is not None and self.unit:
+            return self._mentions_number(answer) and all(self._consistent(value, unit)
+                                                         for value, unit in stated_temperatures(answer))
         if self.number is not None:
-            return any(math.isclose(n, self.number, abs_tol=self.tolerance) for n in numbers_in(answer))
+            return self._mentions_number(answer)
         return bool(self.text) and normalize(self.text) in normalize(answer)
+
+    def _mentions_number(self, answer: str) -> bool:
+        return any(math.isclose(n, self.number, abs_tol=self.tolerance) for n in numbers_in(answer))
+
+    def _consistent(self, value: float, unit: str) -> bool:
+        readings = {self.unit: [self.number], "": [self.number, self.other]}
+        readings["F" if self.unit == "C" else "C"] = [self.other]
+        return any(want is not None and math.isclose(value, want, abs_tol=self.tolerance) for want in readings[unit])
 
     def describe(self) -> str:
         if self.label:
@@ -124,7 +163,11 @@ class AnswerItem:
 
     def to_dict(self) -> dict[str, Any]:
         item = {"text": self.text, "number": self.number, "tolerance": self.tolerance, "label": self.label}
-        return {**item, "only": True} if self.only else item  # other tasks keep their content fingerprint
+        if self.only:  # written only when set: other tasks keep their content fingerprint
+            item["only"] = True
+        if self.unit:
+            item.update(unit=self.unit, other=self.other)
+        return item
 
 
 @dataclass

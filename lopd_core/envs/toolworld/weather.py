@@ -59,8 +59,7 @@ def temp_celsius(rng: random.Random, split: Split) -> Blueprint:
     text = phrase(rng, {"train": ["What is the temperature in {c} right now?", "How warm is it in {c}?"],
                         "test": ["Tell me the current temperature in {c}.", "Is it cold in {c}? Give the temperature."]},
                   split, c=city)
-    return Blueprint(text, state, [("get_weather", {"city": city})], [AnswerItem(number=t, tolerance=0.5)],
-                     f"It is {t:g} °C in {city}.")
+    return Blueprint(text, state, [("get_weather", {"city": city})], [AnswerItem(number=t, tolerance=0.5, unit="C", other=c_to_f(t))], f"It is {t:g} °C in {city}.")
 
 
 def condition(rng: random.Random, split: Split) -> Blueprint:
@@ -79,7 +78,7 @@ def convert_only(rng: random.Random, split: Split) -> Blueprint:
     text = phrase(rng, {"train": ["What is {t:g} °C in Fahrenheit?"], "test": ["Convert {t:g} degrees Celsius to °F."]},
                   split, t=t)
     return Blueprint(text, state, [("convert_temperature", {"value": t, "to_unit": "F"})],
-                     [AnswerItem(number=f, tolerance=0.6)], f"{t:g} °C is {f:g} °F.")
+                     [AnswerItem(number=f, tolerance=0.6, unit="F", other=t)], f"{t:g} °C is {f:g} °F.")
 
 
 def temp_fahrenheit(rng: random.Random, split: Split) -> Blueprint:
@@ -89,7 +88,8 @@ def temp_fahrenheit(rng: random.Random, split: Split) -> Blueprint:
                         "test": ["Give me {c}'s current temperature in °F."]}, split, c=city)
     f = c_to_f(t)
     return Blueprint(text, state, [("get_weather", {"city": city}), ("convert_temperature", {"value": t, "to_unit": "F"})],
-                     [AnswerItem(number=f, tolerance=0.6)], f"It is {f:g} °F in {city}.", checked_calls=[0])
+                     [AnswerItem(number=f, tolerance=0.6, unit="F", other=t)], f"It is {f:g} °F in {city}.",
+                     checked_calls=[0])
 
 
 def warmer_of_two(rng: random.Random, split: Split) -> Blueprint:
