@@ -117,28 +117,28 @@ def test_worked_examples_are_played_as_turns():
     assert messages[2]["content"].startswith("<tool_call>") and "Moby Dick" not in task.instruction
 
 
-def test_a_plugin_count_can_refuse_hedged_answers(tmp_path):
-    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "t1", "instruction": "How many books are out?",
-                                                      "expected_answer": [{"number": 2, "only": True}]}) + "\n")
-    (tmp_path / "books.py").write_text('def books_out() -> int:\n    """How many books are out."""\n    return 2\n')
-    (tmp_path / "s.yaml").write_text("name: counter\ntools: {module: books.py}\ntasks: tasks.jsonl\n")
+def _one_task_suite(tmp_path, instruction: str, expected: dict, tool: str):
+    """A plug-in suite of one task with one tool (``tool``: its Python source), loaded from ``tmp_path``."""
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "t1", "instruction": instruction,
+                                                      "expected_answer": [expected]}) + "\n")
+    (tmp_path / "tool.py").write_text(tool)
+    (tmp_path / "s.yaml").write_text("name: one\ntools: {module: tool.py}\ntasks: tasks.jsonl\n")
     suite = load_plugin_suite(tmp_path / "s.yaml")
-    task = suite.tasks("train", 5)[0]
+    return suite, suite.tasks("train", 5)[0]
+
+
+def test_a_plugin_count_can_refuse_hedged_answers(tmp_path):
+    suite, task = _one_task_suite(tmp_path, "How many books are out?", {"number": 2, "only": True},
+                                  'def books_out() -> int:\n    """How many books are out."""\n    return 2\n')
     assert _play(suite, task, ["Two books (BK-10 and BK-12) are out since 2026-05-01."]).success
     assert not _play(suite, task, ["1, 2 or 3 books are out."]).success
 
 
 def test_a_plugin_temperature_refuses_a_contradicting_one_and_a_bad_unit_is_named(tmp_path):
-    row = {"id": "t1", "instruction": "How warm is the reading room, in °F?",
-           "expected_answer": [{"number": 68, "tolerance": 0.6, "unit": "F", "other": 20}]}
-    (tmp_path / "tasks.jsonl").write_text(json.dumps(row) + "\n")
-    (tmp_path / "room.py").write_text('def room_celsius() -> float:\n    """The room temperature in °C."""\n    return 20.0\n')
-    (tmp_path / "s.yaml").write_text("name: room\ntools: {module: room.py}\ntasks: tasks.jsonl\n")
-    suite = load_plugin_suite(tmp_path / "s.yaml")
-    task = suite.tasks("train", 5)[0]
+    tool = 'def room_celsius() -> float:\n    """The room temperature in °C."""\n    return 20.0\n'
+    reading = {"number": 68, "tolerance": 0.6, "unit": "F", "other": 20}
+    suite, task = _one_task_suite(tmp_path, "How warm is the reading room, in °F?", reading, tool)
     assert _play(suite, task, ["It is 68 °F (20 °C)."]).success
     assert not _play(suite, task, ["68 °C, that is 154.4 °F."]).success
-    row["expected_answer"][0]["unit"] = "K"
-    (tmp_path / "tasks.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(PluginError, match="unit 'C' or 'F'"):
-        load_plugin_suite(tmp_path / "s.yaml").tasks("train", 5)
+        _one_task_suite(tmp_path, "How warm is it, in kelvin?", {**reading, "unit": "K"}, tool)
