@@ -222,6 +222,7 @@ def test_a_temperature_is_credited_only_without_a_contradicting_one(suite, famil
                              (f"It is {value:g} {mark}, or {value + 30:g}°.", False)]:
         result, _ = _play(suite, task, [*task.oracle_turns[:-1], answer])
         assert result.success is credited, answer
+    assert f"the answer states {value:g} °{unit} and no temperature that contradicts it" in result.feedback
     # the other families keep their items (and their content fingerprints) as they were
     plain = next(t for t in suite.tasks("train", 200, level=1) if t.family == "bank/balance_by_id")
     assert "unit" not in plain.payload["checklist"]["answer"][0]

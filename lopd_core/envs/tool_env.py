@@ -159,6 +159,10 @@ class AnswerItem:
     def describe(self) -> str:
         if self.label:
             return self.label
+        if self.number is not None and self.only:
+            return f"the answer states {self.number:g} and no other count"
+        if self.number is not None and self.unit:
+            return f"the answer states {self.number:g} °{self.unit} and no temperature that contradicts it"
         return f"the answer mentions {self.number:g}" if self.number is not None else f"the answer mentions {self.text!r}"
 
     def to_dict(self) -> dict[str, Any]:
