@@ -152,9 +152,9 @@ class AnswerItem:
         return any(math.isclose(n, self.number, abs_tol=self.tolerance) for n in numbers_in(answer))
 
     def _consistent(self, value: float, unit: str) -> bool:
-        readings = {self.unit: [self.number], "": [self.number, self.other]}
-        readings["F" if self.unit == "C" else "C"] = [self.other]
-        return any(want is not None and math.isclose(value, want, abs_tol=self.tolerance) for want in readings[unit])
+        """Whether a stated temperature in ``unit`` ("" = unmarked) is this reading in that unit."""
+        wants = (self.number,) if unit == self.unit else (self.number, self.other) if not unit else (self.other,)
+        return any(math.isclose(value, want, abs_tol=self.tolerance) for want in wants)
 
     def describe(self) -> str:
         if self.label:

@@ -18,9 +18,7 @@ from pathlib import Path
 from lopd_core.compare_report import TaskRows, paired_intervals
 from lopd_core.envs import get_suite
 from lopd_core.envs.base import tasks_by_id
-from lopd_core.envs.tool_env import AnswerItem
-
-SUCCESS = 0.8  # the tool-use success threshold
+from lopd_core.envs.tool_env import SUCCESS_THRESHOLD, AnswerItem
 
 
 def answer_item(task) -> dict | None:
@@ -50,7 +48,7 @@ def rescore_report(report: Path) -> None:
         if before and not now:
             checklist = tasks[row["task_id"]].payload["checklist"]
             row["reward"] -= 1 / (len(checklist["calls"]) + len(checklist["answer"]))
-            row["success"] = float(row["reward"] >= SUCCESS)
+            row["success"] = float(row["reward"] >= SUCCESS_THRESHOLD)
             changed[row["run"], row["split"]] += 1
             print(f"  {row['run']:10s} {row['split']:10s} {row['family']:22s} no longer credited: {answers[key]!r}")
     for (run, split), n in sorted(changed.items()):

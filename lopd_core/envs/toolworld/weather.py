@@ -59,7 +59,8 @@ def temp_celsius(rng: random.Random, split: Split) -> Blueprint:
     text = phrase(rng, {"train": ["What is the temperature in {c} right now?", "How warm is it in {c}?"],
                         "test": ["Tell me the current temperature in {c}.", "Is it cold in {c}? Give the temperature."]},
                   split, c=city)
-    return Blueprint(text, state, [("get_weather", {"city": city})], [AnswerItem(number=t, tolerance=0.5, unit="C", other=c_to_f(t))], f"It is {t:g} °C in {city}.")
+    return Blueprint(text, state, [("get_weather", {"city": city})],
+                     [AnswerItem(number=t, tolerance=0.5, unit="C", other=c_to_f(t))], f"It is {t:g} °C in {city}.")
 
 
 def condition(rng: random.Random, split: Split) -> Blueprint:
