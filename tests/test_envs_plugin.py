@@ -142,3 +142,9 @@ def test_a_plugin_temperature_refuses_a_contradicting_one_and_a_bad_unit_is_name
     assert not _play(suite, task, ["68 °C, that is 154.4 °F."]).success
     with pytest.raises(PluginError, match="unit 'C' or 'F'"):
         _one_task_suite(tmp_path, "How warm is it, in kelvin?", {**reading, "unit": "K"}, tool)
+
+
+def test_a_malformed_answer_item_is_named_with_every_form_it_may_take(tmp_path):
+    tool = 'def room_celsius() -> float:\n    """The room temperature in °C."""\n    return 20.0\n'
+    with pytest.raises(PluginError, match=r"\"unit\": \"C\"\|\"F\" and \"other\".*got \{'value': 20\}"):
+        _one_task_suite(tmp_path, "How warm is the room?", {"value": 20}, tool)

@@ -299,7 +299,8 @@ def _answer_item(value: Any, where: str) -> dict[str, Any]:
             return AnswerItem(**value).to_dict()
         except (TypeError, ValueError) as exc:
             raise PluginError(f"{where}: {exc}") from None
-    raise PluginError(f"{where}: items are strings, numbers or {{\"number\": x, \"tolerance\": t, \"only\": true}}")
+    raise PluginError(f"{where}: items are strings, numbers or {{\"number\": x}} with optional \"tolerance\": t, "
+                      f"\"only\": true (a count) or \"unit\": \"C\"|\"F\" and \"other\": y (a temperature), got {value!r}")
 
 
 def _names_field(value: Any, tool_names: list[str], where: str) -> list[str]:
