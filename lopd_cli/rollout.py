@@ -170,3 +170,52 @@ def rollout(
               f"{metrics['rollout/status_error']}", highlight=False)
     if "out" in summary:
         out.print(f"  trajectories          {summary['out']}", highlight=False)
+
+
+def rescore(
+    episodes: Annotated[list[Path], typer.Argument(help="JSONL episode files (`lopd rollout --out`, `lopd probe-passk --out`).")],
+    out_file: Annotated[Path, typer.Option("--out", help="Write every episode here, rescored where replayed (a new file).")],
+    suite: Annotated[str | None, typer.Option(help="The suite (a plug-in suite's YAML path); default: the episodes' own.")] = None,
+    as_json: JsonFlag = False,
+):
+    """Score stored episodes again under the suite's current checker, by replaying the agent's turns (no model)."""
+    from lopd_core.compare import read_episodes
+    from lopd_core.envs import get_suite
+    from lopd_core.envs.plugin import PluginError
+    from lopd_core.rescore import rescore_episodes
+
+    if out_file.resolve() in {p.resolve() for p in episodes}:
+        fail(f"--out {out_file} is one of the inputs: write the rescored episodes to a new file", code=2)
+    try:
+        rows = read_episodes(episodes)
+    except (FileNotFoundError, json.JSONDecodeError, TypeError) as e:
+        fail(f"cannot read the episodes: {e}", code=2)
+    names = sorted({r.suite for r in rows})
+    if suite is None and len(names) != 1:
+        fail(f"the episodes come from {len(names)} suites ({', '.join(names) or 'none'}); rescore one at a time "
+             "or name it with --suite", code=2)
+    try:
+        suite_obj = get_suite(suite or names[0])
+    except (ValueError, PluginError) as e:
+        fail(str(e), code=2)
+    result = rescore_episodes(suite_obj, rows, progress=not as_json)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text("".join(e.to_json() + "\n" for e in result.episodes))
+    summary = {"suite": suite_obj.name, "out": str(out_file), **result.summary(rows),
+               "changes": result.changed, "kept_episodes": result.kept}
+    if as_json:
+        emit_json(summary)
+        return
+    flips = summary["success_flips"]
+    out.print(f"{summary['replayed']}/{summary['episodes']} episodes replayed under {suite_obj.name}'s current "
+              f"checker: {summary['changed']} changed score ({flips['lost']} successes lost, {flips['gained']} "
+              f"gained); {summary['kept']} kept their old score → {out_file}", highlight=False)
+    for reason, n in summary["kept_reasons"].items():
+        out.print(f"  kept, {reason}: {n}", highlight=False)
+    for family, row in summary["families"].items():
+        before, after = row["before"], row["after"]
+        mark = " " if before == after else "*"
+        out.print(f"{mark} {family:26s} successes {before['successes']:4d} → {after['successes']:<4d} reward "
+                  f"{before['mean_reward']:.3f} → {after['mean_reward']:.3f}", highlight=False)
+    for k in result.kept[:5]:
+        err.print(f"  kept {k['task_id']}: {escape(k['reason'])}", highlight=False)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 SUBCOMMANDS = ["models", "rollout", "sandbox", "memory", "distill", "cycle", "serve", "backfill", "evaluate",
-               "promote", "rollback", "export", "compare", "status"]
+               "promote", "rollback", "export", "compare", "status", "rescore"]
 
 
 def lopd(*args, env=None, check=False):

@@ -98,13 +98,16 @@ _TASK_ID = re.compile(r"/(?P<split>[^/]+)/L(?P<level>\d+)/s(?P<seed>-?\d+)/(?P<i
 
 def tasks_by_id(suite: Suite, task_ids) -> dict[str, Task]:
     """Recreate tasks from their ids (``<suite>/<split>/L<level>/s<seed>/<index>``, the built-in suites' form;
-    other ids are left out). Each (split, level, seed) is generated once, up to its largest index."""
+    a suite with a ``task_by_id`` method, a plug-in suite's fixed dataset, looks other ids up itself; any other
+    id is left out). Each (split, level, seed) is generated once, up to its largest index."""
     wanted: dict[tuple[str, int, int], dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
-    for task_id in set(task_ids):
-        m = _TASK_ID.search(task_id)
-        if m:  # another suite's id can share (split, level, seed, index): keep every id, match by the whole id
-            wanted[(m["split"], int(m["level"]), int(m["seed"]))][int(m["index"])].add(task_id)
     out = {}
+    lookup = getattr(suite, "task_by_id", None)
+    for task_id in set(task_ids):
+        if callable(lookup) and (task := lookup(task_id)) is not None:
+            out[task_id] = task
+        elif m := _TASK_ID.search(task_id):  # ids of other suites can share (split, level, seed, index)
+            wanted[(m["split"], int(m["level"]), int(m["seed"]))][int(m["index"])].add(task_id)
     for (split, level, seed), by_index in wanted.items():
         try:
             tasks = suite.tasks(split, max(by_index) + 1, level=level, seed=seed)  # type: ignore[arg-type]

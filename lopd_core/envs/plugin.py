@@ -546,6 +546,12 @@ class PluginSuite:
                     tools=[self._schema[n] for n in self.initial_tools(row)], payload={"id": row["id"]},
                     oracle=row.get("oracle") or "\n".join(turns), oracle_turns=turns)
 
+    def task_by_id(self, task_id: str) -> Task | None:
+        """The task with this id (``<suite name>/<row id>``), or None when the suite has no such row."""
+        prefix = f"{self.name}/"
+        row = self._rows.get(task_id[len(prefix):]) if task_id.startswith(prefix) else None
+        return self.task(row) if row is not None else None
+
     def row(self, task: Task) -> dict[str, Any]:
         if task.suite != self.name:
             raise ValueError(f"task {task.task_id} belongs to suite {task.suite!r}, not {self.name!r}")
