@@ -6,8 +6,9 @@ through a fresh environment of the same task gives each episode the reward it wo
 
 An episode counts as replayed only when the environment gives back exactly what was stored: the same prompt
 and, after every agent turn, the same observation (same tools, same world). One that diverges keeps its old
-score and is reported with the first difference; so is one whose task cannot be recreated from its id, or one
-that ended in an error. Nothing is dropped: the output holds every input episode, in order.
+score and is reported with the first difference; so is one whose task cannot be recreated from its id, one
+that ended in an error, or one whose replay raises. Nothing is dropped: the output holds every input episode,
+in order.
 
 The agent's turns are stepped as stored (a turn that kept the end-of-turn token in its text is stepped with it;
 the built-in environments ignore what follows an answer's text).
@@ -16,7 +17,7 @@ the built-in environments ignore what follows an answer's text).
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,16 +52,9 @@ class Rescored:
         return {"episodes": len(self.episodes), "replayed": self.replayed, "changed": len(self.changed),
                 "success_flips": {"lost": sum(c["success"] == [True, False] for c in self.changed),
                                   "gained": sum(c["success"] == [False, True] for c in self.changed)},
-                "kept": len(self.kept), "kept_reasons": dict(_count(k["reason"].split(":")[0] for k in self.kept)),
+                "kept": len(self.kept), "kept_reasons": dict(Counter(k["reason"].split(":")[0] for k in self.kept)),
                 "families": {f: {"episodes": len(v["before"]), "before": stats(v["before"]), "after": stats(v["after"])}
                              for f, v in sorted(families.items())}}
-
-
-def _count(items) -> dict[str, int]:
-    out: dict[str, int] = defaultdict(int)
-    for item in items:
-        out[item] += 1
-    return out
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -82,6 +76,8 @@ def replay(suite: Suite, task: Task, episode: Trajectory) -> EpisodeResult | str
             if message.get("role") != "assistant":
                 continue
             result = env.step(message.get("content") or "")
+            if result.done and any(m.get("role") == "assistant" for m in stored[i + 1:]):
+                return f"diverged: the episode now ends at turn {i}, the stored one goes on"
             following = stored[i + 1] if i + 1 < len(stored) else None
             if following is None or following.get("role") == "assistant":
                 if following is not None and result.observation is not None:
@@ -110,7 +106,10 @@ def rescore_episodes(suite: Suite, episodes: list[Trajectory], *, progress: bool
         elif task is None:
             reason = f"task not found: {episode.task_id} cannot be recreated from its id"
         else:
-            result = replay(suite, task, episode)
+            try:
+                result = replay(suite, task, episode)
+            except Exception as exc:  # a tool or checker that raises now: the episode keeps its score
+                result = f"replay failed: {type(exc).__name__}: {str(exc)[:200]}"
             if isinstance(result, str):
                 reason = result
             else:

@@ -105,3 +105,31 @@ def test_the_command_writes_every_episode_and_refuses_to_overwrite_its_input(tmp
     res = lopd("rescore", str(src), "--out", str(src))
     assert res.returncode == 2 and "is one of the inputs" in " ".join(res.stderr.split())
     assert src.read_text() == stale.to_json() + "\n"
+
+
+def test_an_episode_that_goes_on_after_the_environment_ends_it_or_whose_replay_raises_keeps_its_score(monkeypatch):
+    suite, task = _convert_task()
+    call, answer = oracle_replies(task)
+    longer = _episode(suite, task, [call, answer], reward=0.5, success=False)
+    longer.messages += [{"role": "user", "content": "and in kelvin?"}, {"role": "assistant", "content": "282 K."}]
+    assert rescore_episodes(suite, [longer], progress=False).kept[0]["reason"].startswith(
+        "diverged: the episode now ends at turn")
+
+    class Raising:  # stands in for an environment whose checker now raises
+        def __init__(self, env):
+            self.env = env
+
+        def reset(self, t):
+            return self.env.reset(t)
+
+        def step(self, text):
+            return self.env.step(text)
+
+        def result(self):
+            raise KeyError("temperature")
+
+    make_env = suite.make_env
+    monkeypatch.setattr(suite, "make_env", lambda t: Raising(make_env(t)))
+    right = _episode(suite, task, [call, answer], reward=0.5, success=False)
+    result = rescore_episodes(suite, [right], progress=False)
+    assert result.episodes[0].reward == 0.5 and result.kept[0]["reason"] == "replay failed: KeyError: 'temperature'"
