@@ -36,7 +36,8 @@ class Rescored:
     changed: list[dict[str, Any]] = field(default_factory=list)
     """One entry per replayed episode whose reward or success changed: ids, family, old and new."""
     kept: list[dict[str, Any]] = field(default_factory=list)
-    """Episodes left with their old score, each with the reason (diverged, task not found, error)."""
+    """Episodes left with their old score, each with the reason (diverged, task not found, error, replay failed,
+    other suite)."""
 
     def summary(self, before: list[Trajectory]) -> dict[str, Any]:
         """Totals and, per family, successes and mean reward before and after (over every episode)."""
