@@ -272,13 +272,10 @@ class Comparison:
         return path
 
     def cold_start(self, cfg: Config) -> Path:
-        """The cold-started composer for these composer settings, trained once on the bank.
-
-        The key's ``e2`` is the encoder input's version (the header on top of the experience's budget): a
-        root's composer cold-started on the earlier inputs is not reused for the new ones."""
+        """The cold-started composer for these composer and cold-start settings (:func:`cold_start_key`),
+        trained once on the bank."""
         lopd = cfg.distill.lopd
-        key = (f"k{lopd.n_latents}-d{lopd.compressor_depth}-j{lopd.n_retrieved}-{lopd.context_placement}-"
-               f"{lopd.retrieval_family}-t{lopd.experience_max_tokens}-e2")
+        key = cold_start_key(cfg)
         out = self.root / "cold_start" / key
         if (out / "lopd_composer.json").exists():
             return out
@@ -584,6 +581,16 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     if not values:
         return float("nan"), float("nan")
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def cold_start_key(cfg: Config) -> str:
+    """What a root's cold-started composer depends on: the composer's shape, retrieval, placement, the
+    experience budget, the cold start's own steps, learning rate and batch, and ``e2``, the encoder input's
+    version (the header on top of the experience's budget). A run whose settings give another key gets its own
+    cold start instead of silently reusing one trained otherwise."""
+    lopd, cold = cfg.distill.lopd, cfg.distill.lopd.cold_start
+    return (f"k{lopd.n_latents}-d{lopd.compressor_depth}-j{lopd.n_retrieved}-{lopd.context_placement}-"
+            f"{lopd.retrieval_family}-t{lopd.experience_max_tokens}-e2-cs{cold.steps}-lr{cold.lr:g}-b{cold.batch_size}")
 
 
 def read_episodes(paths: list[Path]) -> list:

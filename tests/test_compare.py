@@ -375,3 +375,17 @@ def test_an_evaluation_transcript_is_the_agents_own_part_with_shortened_observat
                                                                messages_lite=lite))
     cut = episode_transcript(episode, limit=40)
     assert len(cut) == 42 and cut.endswith(" …")
+
+
+def test_a_cold_start_trained_with_other_settings_is_not_reused():
+    from lopd_core.compare import cold_start_key
+    from lopd_core.config import load_config
+
+    cfg = load_config("demo").with_overrides({"distill.lopd.context_placement": "chat_turn"})
+    key = cold_start_key(cfg)
+    assert key == cold_start_key(load_config("demo").with_overrides({"distill.lopd.context_placement": "chat_turn",
+                                                                      "distill.lr_student": 3e-4}))
+    for field, value in [("distill.lopd.cold_start.steps", 160), ("distill.lopd.cold_start.lr", 3e-5),
+                         ("distill.lopd.cold_start.batch_size", 4), ("distill.lopd.n_latents", 8),
+                         ("distill.lopd.context_placement", "system")]:
+        assert cold_start_key(cfg.with_overrides({field: value})) != key, field
