@@ -45,6 +45,7 @@ from lopd_core.recipe import (
     bank_from_store,
     bank_in_store,
     cold_start_composer,
+    cold_start_y_star,
     curve_point,
     seed_episodes,
 )
@@ -281,8 +282,13 @@ class Comparison:
             return out
         bank = self.bank()
         started = time.perf_counter()
-        self.log(f"[cold start] {key}: up to {lopd.cold_start.steps} steps on {len(bank.successes)} successes")
+        y_star = len(cold_start_y_star(cfg, bank, suite_name=self.suite_name))
+        self.log(f"[cold start] {key}: up to {lopd.cold_start.steps} steps on {y_star} successes "
+                 f"({lopd.cold_start.y_star}; {len(bank.successes)} curated)")
         result = cold_start_composer(cfg, bank, suite_name=self.suite_name, out_dir=out, models_dir=self.ws.models_dir)
+        self.log(f"[cold start] {key}: {result.steps} steps on {result.examples} y* with an experience to retrieve "
+                 f"(skipped: {result.skipped}), validation NLL {result.val_nll_best:.3f} with latents, "
+                 f"{result.val_nll_without_latents:.3f} without")
         state = self._state()
         state.setdefault("cold_start", {})[key] = {**result.to_dict(), "seconds": round(time.perf_counter() - started, 1)}
         self._save_state(state)
@@ -585,12 +591,13 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def cold_start_key(cfg: Config) -> str:
     """What a root's cold-started composer depends on: the composer's shape, retrieval, placement, the
-    experience budget, the cold start's own steps, learning rate and batch, and ``e2``, the encoder input's
+    experience budget, the cold start's own steps, learning rate, batch and y*, and ``e2``, the encoder input's
     version (the header on top of the experience's budget). A run whose settings give another key gets its own
     cold start instead of silently reusing one trained otherwise."""
     lopd, cold = cfg.distill.lopd, cfg.distill.lopd.cold_start
     return (f"k{lopd.n_latents}-d{lopd.compressor_depth}-j{lopd.n_retrieved}-{lopd.context_placement}-"
-            f"{lopd.retrieval_family}-t{lopd.experience_max_tokens}-e2-cs{cold.steps}-lr{cold.lr:g}-b{cold.batch_size}")
+            f"{lopd.retrieval_family}-t{lopd.experience_max_tokens}-e2-cs{cold.steps}-lr{cold.lr:g}-b{cold.batch_size}-"
+            f"y{cold.y_star}")
 
 
 def read_episodes(paths: list[Path]) -> list:

@@ -239,6 +239,9 @@ class ColdStartConfig(_Section):
     """At most this many held-out y* are scored at each validation (the first ones of the held-out tasks)."""
     batch_size: int = Field(8, ge=1)
     """Trajectories per cold-start step."""
+    y_star: Literal["successes", "curated"] = "successes"
+    """The y* it learns from: every stored successful train-split episode ('successes'; each still retrieves
+    only the curated experiences, never itself or its task) or only the curated ones ('curated')."""
     lr: float = Field(1e-5, gt=0.0)
     """AdamW learning rate for the composer during cold start."""
     grad_clip_compressor: float = Field(30.0, gt=0.0)

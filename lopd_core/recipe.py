@@ -32,7 +32,7 @@ from lopd_core.evaluation import EvalResult, evaluate
 from lopd_core.memory.curation import curate_store
 from lopd_core.memory.in_memory import InMemoryRetriever
 from lopd_core.memory.indexing import index_store
-from lopd_core.memory.sql import sql_in
+from lopd_core.memory.sql import sql_in, sql_literal
 from lopd_core.memory.store import ExperienceStore
 from lopd_core.metrics import MetricLogger
 from lopd_core.models.policy import PolicySet
@@ -78,7 +78,14 @@ def bank_from_store(store: ExperienceStore, *, version: int | None = None, episo
     curated = store.read("curated", columns=["trajectory_id"])["trajectory_id"].tolist()
     successes = store.read_trajectories(where=sql_in("trajectory_id", curated)) if curated else []
     return Bank(retriever=retriever, successes=successes, version=retriever.version, episodes=episodes,
-                source="lancedb")
+                source="lancedb", stored_successes=lambda suite, threshold: stored_successes(store, suite, threshold))
+
+
+def stored_successes(store: ExperienceStore, suite: str, threshold: float) -> list[Trajectory]:
+    """Every stored ``ok`` train-split episode of ``suite`` with ``reward >= threshold``, by trajectory id."""
+    where = (f"split = 'train' AND status = 'ok' AND suite = {sql_literal(suite)} "
+             f"AND reward >= {float(threshold)!r}")
+    return sorted(store.read_trajectories(where=where), key=lambda t: t.trajectory_id)
 
 
 def bank_in_store(store: ExperienceStore, cfg: Config, trajectories: list[Trajectory], *, stage: str,
@@ -100,15 +107,28 @@ def memory_bank(trajectories: list[Trajectory], cfg: Config, *, kind: str) -> Ba
 
 # --------------------------------------------------------------------------------------------------
 # Cold start
+def cold_start_y_star(cfg: Config, bank: Bank, *, suite_name: str) -> list[Trajectory]:
+    """The cold start's y*: every stored success of the suite (``cold_start.y_star: successes``, the default,
+    on a LanceDB bank) or only the curated ones behind the experiences (``curated``, or an in-memory bank).
+
+    Curation keeps a few diverse successes per task and family for retrieval; the composer learns from
+    more y* than that (each still retrieves only curated experiences, never itself or its own task)."""
+    threshold = cfg.curation.success_threshold(suite_kind(suite_name))
+    if cfg.distill.lopd.cold_start.y_star == "successes" and bank.stored_successes is not None:
+        return bank.stored_successes(suite_name, threshold)
+    return list(bank.successes)
+
+
 def cold_start_composer(cfg: Config, bank: Bank, *, suite_name: str, out_dir: Path, policies: PolicySet | None = None,
                         models_dir: Path | None = None, logger: MetricLogger | None = None,
                         progress: bool = True) -> ColdStartResult:
-    """Cold-start the composer on the bank's successes (the suite kind's success threshold) into ``out_dir``."""
-    if not bank.successes:
+    """Cold-start the composer on :func:`cold_start_y_star` (the suite kind's success threshold) into ``out_dir``."""
+    y_star = cold_start_y_star(cfg, bank, suite_name=suite_name)
+    if not y_star:
         raise ValueError(f"the composer cold start needs successful training episodes and the bank has none "
                          f"({bank.episodes} seed episodes on {suite_name}); raise rollout.n_tasks or lower "
                          "rollout.level so the base model solves some tasks")
-    return cold_start(cfg, retriever=bank.retriever, out_dir=Path(out_dir), trajectories=bank.successes,
+    return cold_start(cfg, retriever=bank.retriever, out_dir=Path(out_dir), trajectories=y_star,
                       policies=policies, models_dir=models_dir, logger=logger, progress=progress,
                       success_threshold=cfg.curation.success_threshold(suite_kind(suite_name)))
 

@@ -121,3 +121,51 @@ def test_cold_start_holds_out_tasks_keeps_its_best_composer_and_stops_early(tiny
     assert result.val_nll_best <= result.val_nll_first and result.best_step == result.steps - 2
     assert result.val_nll_without_latents > 0
     assert [h.get("cold_start/val_nll") is not None for h in result.history] == [True] * result.steps
+
+
+def test_the_cold_start_learns_from_every_stored_success_and_retrieves_only_curated_ones(tmp_path, models_dir,
+                                                                                         tiny_tokenizer):
+    """LanceDB bank: curation keeps one success per task; the cold start's y* are every stored success."""
+    from dataclasses import replace
+
+    from lopd_core.envs import get_suite
+    from lopd_core.memory.curation import curate_store
+    from lopd_core.memory.indexing import index_store
+    from lopd_core.memory.store import ExperienceStore
+    from lopd_core.recipe import bank_from_store, cold_start_composer, cold_start_y_star
+    from lopd_core.rollout.oracle import oracle_episode
+
+    cfg = load_config("smoke").with_overrides({
+        "workspace.home": str(tmp_path / "ws"), "workspace.models_dir": str(models_dir),
+        "curation.success_threshold_tool": 0.8, "curation.per_task_cap": 1, "distill.lopd.retrieval_family": "any",
+        "distill.lopd.cold_start.steps": 1, "distill.lopd.cold_start.validation_fraction": 0.0})
+    suite = get_suite("toolworld")
+    tasks = suite.tasks("train", 4, level=1, seed=321)
+    played = [oracle_episode(tiny_tokenizer, suite, t) for t in tasks for _ in range(2)]  # two successes per task
+    played.append(replace(played[0], reward=0.0, success=False))  # a failure
+    played.append(oracle_episode(tiny_tokenizer, suite, suite.tasks("test", 1, level=1, seed=321)[0]))  # held out
+    for i, t in enumerate(played):
+        t.cycle_id, t.trajectory_id, t.episode_id = "seed", f"seed-{i}", f"seed-{i}"
+    store = ExperienceStore.from_config(cfg)
+    store.write_trajectories(played, cycle_id="seed")
+    curate_store(store, cfg)
+    bank = bank_from_store(store, version=index_store(store).experiences_version, episodes=len(played))
+    successes = {f"seed-{i}" for i in range(8)}
+    assert played[0].reward >= 0.8 and {t.trajectory_id for t in bank.successes} < successes
+    assert len(bank.successes) <= len(tasks)  # the per-task cap
+
+    y_star = cold_start_y_star(cfg, bank, suite_name="toolworld")
+    assert [t.trajectory_id for t in y_star] == sorted(successes)
+    curated = cfg.with_overrides({"distill.lopd.cold_start.y_star": "curated"})
+    assert [t.trajectory_id for t in cold_start_y_star(curated, bank, suite_name="toolworld")] == \
+        [t.trajectory_id for t in bank.successes]
+
+    result = cold_start_composer(cfg, bank, suite_name="toolworld", out_dir=tmp_path / "composer",
+                                 models_dir=models_dir, progress=False)
+    assert result.examples == 8 and result.skipped == {"not_successful": 0, "no_experience": 0}
+    # every y* retrieves curated experiences only, never its own task (exclude_same_task)
+    examples, _ = cold_start_examples(y_star, bank.retriever, n_retrieved=cfg.distill.lopd.n_retrieved,
+                                      exclude_same_task=True)
+    kept = {t.trajectory_id for t in bank.successes}
+    assert all(e.experience_id in kept and e.task_id != ex.trajectory.task_id
+               for ex in examples for e in ex.experiences)

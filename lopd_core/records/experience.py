@@ -16,6 +16,7 @@ in-memory one (:mod:`lopd_core.memory.in_memory`) applies :func:`allowed`. Plain
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -142,12 +143,16 @@ class Bank:
 
     retriever: Retriever
     successes: list[Trajectory]
-    """The trajectories the experiences came from: the y* of the composer's cold start."""
+    """The trajectories the experiences came from (curated: near-duplicates and capped ones left out)."""
     version: int | None
     """The pinned ``experiences`` table version (None for an in-memory bank)."""
     episodes: int
     """Episodes generated to build the bank: pre-training budget."""
     source: Literal["lancedb", "in-memory"]
+    stored_successes: Callable[[str, float], list[Trajectory]] | None = None
+    """``(suite, threshold)`` → every stored train-split episode of that suite with ``reward >= threshold``,
+    curated or not (a LanceDB bank; read only when called): the y* of the composer's cold start under
+    ``cold_start.y_star: successes``. None (an in-memory bank, which keeps every success): ``successes``."""
 
     def __post_init__(self) -> None:
         pinned = getattr(self.retriever, "version", None)
