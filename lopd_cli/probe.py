@@ -78,6 +78,7 @@ def probe_teacher(
     episodes: Annotated[list[Path], typer.Option("--episodes", help="JSONL of the base model's sampled episodes (repeatable).")],
     composer: Annotated[Path | None, typer.Option(help="A cold-started composer directory (probes the latent teacher).")] = None,
     cold_start: Annotated[bool, typer.Option("--cold-start", help="Cold-start a composer on the episodes' successes first.")] = False,
+    store: Annotated[Path | None, typer.Option("--store", help="Retrieve from this LanceDB store's latest experiences (e.g. a comparison root's lance/, the bank its runs train with) instead of an in-memory bank of every success in the episodes.")] = None,
     placements: Annotated[str, typer.Option(help="Comma-separated placements to probe (default: the config's).")] = "",
     max_successes: Annotated[int, typer.Option(help="At most this many successes scored.")] = 64,
     max_failures: Annotated[int, typer.Option(help="At most this many failures scored.")] = 64,
@@ -114,9 +115,19 @@ def probe_teacher(
     for p in wanted:
         if p not in PLACEMENTS:
             fail(f"placement {p!r} is not one of {', '.join(PLACEMENTS)}", code=2)
+    if store is not None:
+        from lopd_core.memory.store import ExperienceStore
+        from lopd_core.recipe import bank_from_store
+
+        lance = ExperienceStore.from_config(cfg, uri=str(store))
+        if not (lance.has_table("experiences") and lance.count("experiences") > 0):
+            fail(f"{store} holds no experiences (a LanceDB store such as a comparison root's lance/)", code=2)
+        bank = bank_from_store(lance)
     policies = _policies(cfg)
-    bank = memory_bank(rows, cfg, kind=suite_kind(suite_name))
-    report = {"suite": suite_name, "episodes": len(rows), "bank_successes": len(bank.successes),
+    if store is None:
+        bank = memory_bank(rows, cfg, kind=suite_kind(suite_name))
+    report = {"suite": suite_name, "episodes": len(rows), "bank": bank.source, "bank_version": bank.version,
+              "bank_successes": len(bank.successes),
               "bank_families": sorted({t.family for t in bank.successes}), "teachers": {}}
     started = time.perf_counter()
     base_cache: dict = {}  # the base model's log-probs, shared by every teacher

@@ -209,9 +209,7 @@ class Comparison:
     @property
     def store(self):
         if self._store is None:
-            self._store = ExperienceStore(str(self.root / "lance"), embedder=self.cfg.index.embedder,
-                                          embed_field=self.cfg.index.embed_field,
-                                          dedupe_threshold=self.cfg.curation.dedupe_threshold)
+            self._store = ExperienceStore.from_config(self.cfg, uri=str(self.root / "lance"))
         return self._store
 
     @property

@@ -181,6 +181,52 @@ def test_probe_teacher_cli_scores_every_requested_teacher(tmp_path, models_dir):
     assert report["teachers"]["framing_only/chat_turn"]["privilege_success"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_probe_teacher_retrieves_from_a_comparison_store_when_given_one(tmp_path, models_dir):
+    """``--store``: the latent teacher retrieves from the store's curated experiences (the bank a comparison's
+    runs train with), and its cold start learns from every stored success; a store without experiences fails."""
+    from lopd_core.envs import get_suite
+    from lopd_core.memory.curation import curate_store
+    from lopd_core.memory.indexing import index_store
+    from lopd_core.memory.store import ExperienceStore
+    from lopd_core.rollout.oracle import oracle_episode
+
+    cfg = load_config("smoke").with_overrides({"curation.success_threshold_tool": 0.8, "curation.per_task_cap": 1})
+    suite = get_suite("toolworld")
+    policies = build_policy_set(cfg.model, cfg.distill.lopd, models_dir, device="cpu")
+    tasks = [t for t in suite.tasks("train", 60, level=1, seed=2) if t.family == "weather/condition"][:3]
+    episodes = [oracle_episode(policies.tokenizer, suite, t) for t in tasks for _ in range(2)]
+    for i, e in enumerate(episodes):
+        e.episode_id = e.trajectory_id = f"bank/{i:04d}"
+    failed = oracle_episode(policies.tokenizer, suite, tasks[0])
+    failed.reward, failed.success, failed.episode_id, failed.trajectory_id = 0.0, False, "failed-0", "failed-0"
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("".join(e.to_json() + "\n" for e in [*episodes, failed]))
+    store = ExperienceStore.from_config(cfg.with_overrides({"workspace.home": str(tmp_path / "root")}),
+                                        uri=str(tmp_path / "root" / "lance"))
+    store.write_trajectories([*episodes, failed], cycle_id="bank")
+    curate_store(store, cfg.with_overrides({"curation.balance_families": False}))
+    version = index_store(store).experiences_version
+    curated = store.count("experiences")
+    assert curated == len(tasks) < len(episodes)  # one per task
+
+    def probe(*args):
+        return subprocess.run([sys.executable, "-m", "lopd_cli", "probe-teacher", "--profile", "smoke", "--set",
+                               f"workspace.models_dir={models_dir}", "--set", "curation.success_threshold_tool=0.8",
+                               "--episodes", str(path), "--no-text", "--placements", "chat_turn", *args, "--json"],
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "LOPD_HOME": str(tmp_path / "ws")})
+
+    done = probe("--store", str(tmp_path / "root" / "lance"), "--cold-start")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["bank"] == "lancedb" and report["bank_version"] == version and report["bank_successes"] == curated
+    assert report["cold_start"]["chat_turn"]["examples"] == len(episodes)  # every stored success is a y*
+    row = report["teachers"]["latent/chat_turn"]
+    assert row["successes"] == len(episodes) and row["failures"] == 1 and math.isfinite(row["privilege_success"])
+    empty = probe("--store", str(tmp_path / "nothing"))
+    assert empty.returncode == 2 and "holds no experiences" in " ".join(empty.stderr.split())
+
+
 def test_a_stored_toolworld_experience_shows_its_tool_call_to_the_encoder_and_the_text_teacher(tiny_tokenizer):
     """With the real SmolLM2 tokenizer and the demo's 256-token budget: the experience as the curation stage
     stores it keeps its own request and tool call, no worked example and no default system prompt, and the

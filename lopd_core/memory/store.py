@@ -131,14 +131,16 @@ class ExperienceStore:
         self._db = None
 
     @classmethod
-    def from_config(cls, cfg: Config) -> ExperienceStore:
-        """A store at ``cfg.workspace``'s LanceDB URI with the ``index``/``curation`` settings of ``cfg``."""
+    def from_config(cls, cfg: Config, *, uri: str | None = None) -> ExperienceStore:
+        """A store at ``cfg.workspace``'s LanceDB URI (or ``uri``: e.g. a comparison root's own store) with the
+        ``index``/``curation`` settings of ``cfg``."""
         ws = Workspace.from_config(cfg.workspace).ensure()
-        return cls(ws.lance_uri, embedder=cfg.index.embedder, embed_field=cfg.index.embed_field,
+        uri = str(uri) if uri is not None else ws.lance_uri
+        return cls(uri, embedder=cfg.index.embedder, embed_field=cfg.index.embed_field,
                    vector_index_min_rows=cfg.index.vector_index_min_rows,
                    embed_batch_size=cfg.index.embed_batch_size, dedupe_threshold=cfg.curation.dedupe_threshold,
                    device="cpu" if cfg.model.device == "auto" else cfg.model.device,
-                   storage_options=ws.storage_options())
+                   storage_options=ws.storage_options(uri))
 
     # ---------------------------------------------------------------------------------------------
     @property
