@@ -123,9 +123,9 @@ def probe_teacher(
         if not (lance.has_table("experiences") and lance.count("experiences") > 0):
             fail(f"{store} holds no experiences (a LanceDB store such as a comparison root's lance/)", code=2)
         bank = bank_from_store(lance)
-    policies = _policies(cfg)
-    if store is None:
+    else:
         bank = memory_bank(rows, cfg, kind=suite_kind(suite_name))
+    policies = _policies(cfg)
     report = {"suite": suite_name, "episodes": len(rows), "bank": bank.source, "bank_version": bank.version,
               "bank_successes": len(bank.successes),
               "bank_families": sorted({t.family for t in bank.successes}), "teachers": {}}

@@ -45,7 +45,6 @@ from lopd_core.recipe import (
     bank_from_store,
     bank_in_store,
     cold_start_composer,
-    cold_start_y_star,
     curve_point,
     seed_episodes,
 )
@@ -280,9 +279,8 @@ class Comparison:
             return out
         bank = self.bank()
         started = time.perf_counter()
-        y_star = len(cold_start_y_star(cfg, bank, suite_name=self.suite_name))
-        self.log(f"[cold start] {key}: up to {lopd.cold_start.steps} steps on {y_star} successes "
-                 f"({lopd.cold_start.y_star}; {len(bank.successes)} curated)")
+        self.log(f"[cold start] {key}: up to {lopd.cold_start.steps} steps, y* {lopd.cold_start.y_star} "
+                 f"({len(bank.successes)} curated)")
         result = cold_start_composer(cfg, bank, suite_name=self.suite_name, out_dir=out, models_dir=self.ws.models_dir)
         self.log(f"[cold start] {key}: {result.steps} steps on {result.examples} y* with an experience to retrieve "
                  f"(skipped: {result.skipped}), validation NLL {result.val_nll_best:.3f} with latents, "
