@@ -192,4 +192,7 @@ def probe_teacher(
 def _teacher_line(name: str, row: dict) -> str:
     return (f"{name:26s} δ successes {row['privilege_success']:+.3f}  failures {row['privilege_failure']:+.3f}  "
             f"first token {row['privilege_first_token']:+.3f} [{row['first_token_ci95_low']:+.3f}, "
-            f"{row['first_token_ci95_high']:+.3f}]  ({row['successes']} / {row['failures']})")
+            f"{row['first_token_ci95_high']:+.3f}]  opener {row['privilege_opener']:+.3f} "
+            f"[{row['opener_ci95_low']:+.3f}, {row['opener_ci95_high']:+.3f}]  "
+            f"({row['successes']} / {row['failures']}, {row['failures_opening_tool_response']} inventing a tool reply: "
+            f"opener {row['privilege_opener_tool_response']:+.3f})")

@@ -69,7 +69,7 @@ METHODS: dict[str, dict[str, Any]] = {
 BASELINES = tuple(METHODS)
 SIGNALS = ("rollout/success_rate", "distill/updated", "distill/student_grad_norm", "distill/kl_topk",
            "distill/privilege_delta", "distill/margin_delta", "distill/privilege_success",
-           "distill/privilege_first_token", "distill/beta", "rollout/generated_tokens")
+           "distill/privilege_first_token", "distill/privilege_opener", "distill/beta", "rollout/generated_tokens")
 """Per-step metrics summarised into every run's result for the report's "training signals" table."""
 ABLATIONS: dict[str, dict[str, Any]] = {
     "lopd_frozen": {"distill.lopd.frozen_composer": True},

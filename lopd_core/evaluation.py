@@ -28,7 +28,7 @@ import torch
 from lopd_core.config import Config
 from lopd_core.envs import get_suite
 from lopd_core.envs.base import task_fingerprint
-from lopd_core.privilege import action_logprobs, first_call_probabilities
+from lopd_core.privilege import action_logprobs, first_call_probabilities, opens_tool_response
 from lopd_core.records.chat import render_prompt_ids
 from lopd_core.records.trajectory import Trajectory
 from lopd_core.rollout.agent import play
@@ -131,8 +131,9 @@ def score_tasks(policies, tasks: list, suite, *, cfg: Config, label: str, weight
                 tool_name: bool = False) -> list[dict[str, Any]]:
     """One row per task: the greedy episode's reward and success, the mean success of ``samples`` sampled
     episodes (rollout temperature), and the log-probability of the correct tool name on the task's oracle
-    first action (``tool_name``: a continuous signal that moves before success does), and the greedy
-    episode's :func:`episode_transcript`. ``weights``: the student's or the base's; episodes are played on
+    first action (``tool_name``: a continuous signal that moves before success does), whether the greedy
+    episode's first action invents the tool's reply (opens ``<tool_response>``: the failure a teacher can teach
+    that the first-token δ does not see), and the greedy episode's :func:`episode_transcript`. ``weights``: the student's or the base's; episodes are played on
     ``rollout.engine``."""
     def play_all(rows: list, temperature: float, seed: int) -> list[Trajectory]:
         with policy_engine(cfg, policies, weights=weights, version=label) as engine:
@@ -142,7 +143,7 @@ def score_tasks(policies, tasks: list, suite, *, cfg: Config, label: str, weight
     greedy = play_all(tasks, cfg.evaluate.temperature, EVAL_SEED)
     rows = [{"task_id": t.task_id, "family": t.family, "cluster": task_cluster(t), "split": t.split,
              "reward": e.reward, "success": float(e.success), "response_tokens": float(e.n_generated),
-             "transcript": episode_transcript(e)}
+             "invented_reply": float(opens_tool_response(e)), "transcript": episode_transcript(e)}
             for t, e in zip(tasks, greedy, strict=True)]
     if samples:
         sampled = play_all([t for t in tasks for _ in range(samples)], cfg.rollout.temperature, EVAL_SEED + 1)
@@ -161,7 +162,8 @@ def summarize_rows(rows: list[dict[str, Any]], prefix: str = "eval") -> dict[str
     """The means of the task rows' metrics, named ``<prefix>/<metric>``."""
     out = {}
     for metric, name in (("success", "success_rate"), ("reward", "mean_reward"), ("sampled_success", "sampled_success"),
-                         ("tool_name_logprob", "tool_name_logprob"), ("response_tokens", "mean_response_tokens")):
+                         ("tool_name_logprob", "tool_name_logprob"), ("response_tokens", "mean_response_tokens"),
+                         ("invented_reply", "invented_reply_rate")):
         values = [r[metric] for r in rows if r.get(metric) is not None]
         if values:
             out[f"{prefix}/{name}"] = statistics.fmean(values)

@@ -1,11 +1,18 @@
 """Is a self-teacher privileged? Its δ on the base model's own successes and failures.
 
 δ = log p_teacher − log p_base at every action token of the base model's sampled episodes: the mean δ on
-successes and on failures, δ at the first action token of successes with a 95 % bootstrap interval, and, on
-the task's oracle first action, the probability of opening a tool call and of the correct tool name under
-both models. A privileged teacher raises the successes' actions (δ > 0), most of all the first one, where
-a tool-use episode decides between calling a tool and answering; a teacher that is merely less confident
-everywhere lowers δ on successes and failures alike.
+successes and on failures, δ at the first action token of successes with a 95 % bootstrap interval, the
+*opener* δ (δ summed over the first action's first tokens, as many as the tool-call tag has: the log-ratio
+of the two models' probabilities of how the first action opens), and, on the task's oracle first action,
+the probability of opening a tool call and of the correct tool name under both models. A privileged teacher
+raises the successes' actions (δ > 0), most of all the first one, where a tool-use episode decides between
+calling a tool and answering; a teacher that is merely less confident everywhere lowers δ on successes and
+failures alike.
+
+The first token alone cannot tell a tool call from the agent writing the tool's reply itself: in SmolLM2's
+tokenizer ``<tool_call>`` and ``<tool_response>`` share their first three tokens ``<``, ``tool``, ``_``.
+The opener δ covers the fork; on failures whose first action opens ``<tool_response>`` (the agent invents
+the observation) a positive opener δ means the teacher makes that mistake more likely.
 
 Used by ``lopd probe-teacher`` and by the training loop's privilege gate, which runs only these forward
 passes on the bank's successes before the first LOPD step. Not here: any training, any generation.
@@ -24,10 +31,11 @@ import torch
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch
 from lopd_core.algorithms.context import sdpo_context
 from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, student_logprobs
-from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prompts
+from lopd_core.algorithms.lopd import latent_teacher_logprobs, opener_length, teacher_prompts
 from lopd_core.algorithms.sdpo import sdpo_teacher_prompt
 from lopd_core.config import Config
 from lopd_core.envs.base import Suite, Task, tasks_by_id
+from lopd_core.envs.tools import TOOL_CALL_OPEN, TOOL_RESPONSE_OPEN
 from lopd_core.models.composer import ComposerState
 from lopd_core.models.latent import TeacherPrompt
 from lopd_core.models.policy import PolicySet
@@ -86,7 +94,7 @@ def first_call_probabilities(tokenizer, oracle_rows: list[Trajectory], logprobs:
     ``logprobs`` are the oracle episodes' action-token log-probs under one model. The name's probability is
     the product over the name's tokens, given the opening of the call (teacher forcing)."""
     out = []
-    opener = "<tool_call>"
+    opener = TOOL_CALL_OPEN
     for row, lp in zip(oracle_rows, logprobs, strict=True):
         first = row.messages[row.initial_messages].get("content") or ""
         name_start = first.find('"name": "')
@@ -103,20 +111,40 @@ def first_call_probabilities(tokenizer, oracle_rows: list[Trajectory], logprobs:
     return out
 
 
+def opens_tool_response(episode: Trajectory) -> bool:
+    """The episode's first action opens with the tool-response tag: the agent writes the tool's reply itself."""
+    messages = getattr(episode, "messages", None) or []
+    first = messages[episode.initial_messages] if len(messages) > episode.initial_messages else {}
+    return (first.get("content") or "").lstrip().startswith(TOOL_RESPONSE_OPEN)
+
+
+def _fmean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
 def summarize_privilege(teacher_lp: list[torch.Tensor], base_lp: list[torch.Tensor], episodes: list[Trajectory], *,
-                        success_reward: float = 0.8, failure_reward: float = 0.5,
+                        success_reward: float = 0.8, failure_reward: float = 0.5, opener_tokens: int = 1,
                         oracle_teacher: list[dict] | None = None, oracle_base: list[dict] | None = None) -> dict:
-    """δ = teacher − base per action token, summarised by outcome (see the module docstring)."""
+    """δ = teacher − base per action token, summarised by outcome (see the module docstring); the opener δ
+    sums the first ``opener_tokens`` action tokens."""
     deltas = [t - b for t, b in zip(teacher_lp, base_lp, strict=True)]
     success = [d for d, e in zip(deltas, episodes, strict=True) if e.reward >= success_reward and len(d)]
-    failure = [d for d, e in zip(deltas, episodes, strict=True) if e.reward < failure_reward and len(d)]
+    failed = [(d, e) for d, e in zip(deltas, episodes, strict=True) if e.reward < failure_reward and len(d)]
+    failure = [d for d, _ in failed]
+    invented = [d for d, e in failed if opens_tool_response(e)]
     first_mean, first_lo, first_hi = bootstrap_mean_ci([float(d[0]) for d in success])
+    opener_mean, opener_lo, opener_hi = bootstrap_mean_ci([float(d[:opener_tokens].sum()) for d in success])
     out = {
         "successes": len(success), "failures": len(failure),
-        "privilege_success": statistics.fmean(float(d.mean()) for d in success) if success else float("nan"),
-        "privilege_failure": statistics.fmean(float(d.mean()) for d in failure) if failure else float("nan"),
+        "privilege_success": _fmean([float(d.mean()) for d in success]),
+        "privilege_failure": _fmean([float(d.mean()) for d in failure]),
         "privilege_first_token": first_mean, "first_token_ci95_low": first_lo, "first_token_ci95_high": first_hi,
-        "privilege_first_token_failures": statistics.fmean(float(d[0]) for d in failure) if failure else float("nan"),
+        "privilege_first_token_failures": _fmean([float(d[0]) for d in failure]),
+        "opener_tokens": opener_tokens,
+        "privilege_opener": opener_mean, "opener_ci95_low": opener_lo, "opener_ci95_high": opener_hi,
+        "privilege_opener_failures": _fmean([float(d[:opener_tokens].sum()) for d in failure]),
+        "failures_opening_tool_response": len(invented),
+        "privilege_opener_tool_response": _fmean([float(d[:opener_tokens].sum()) for d in invented]),
     }
     out["balanced_delta"] = out["privilege_success"] - out["privilege_failure"]
     for label, rows in (("teacher", oracle_teacher), ("base", oracle_base)):
@@ -234,7 +262,8 @@ def probe_teacher(cfg: Config, policies: PolicySet, suite: Suite, episodes: list
     teacher_oracle = first_call_probabilities(policies.tokenizer, oracle, action_logprobs(policies, oracle, teacher=builder))
     base_oracle = first_call_probabilities(policies.tokenizer, oracle, base_logprobs(oracle, "oracle/"))
     summary = summarize_privilege(teacher_lp, base_lp, rows, success_reward=lopd.success_reward,
-                                  failure_reward=lopd.failure_reward, oracle_teacher=teacher_oracle,
+                                  failure_reward=lopd.failure_reward, opener_tokens=opener_length(policies.tokenizer),
+                                  oracle_teacher=teacher_oracle,
                                   oracle_base=base_oracle)
     summary["without_context"] = len(found) - len(with_context)
     return summary

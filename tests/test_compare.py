@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -116,6 +117,9 @@ def test_compare_runs_methods_reports_and_resumes(tmp_path, models_dir, monkeypa
     base_val = [json.loads(line) for line in (root / "base" / "eval" / "validation-step0000.jsonl").read_text().splitlines()]
     assert len(base_test) == len(base_val) == 4 and all("tool_name_logprob" in r for r in base_test)
     assert sum("sampled_success" in r for r in base_val) == 2  # smoke: 2 sampled tasks, 2 samples each
+    # a first action that writes the tool's reply itself is counted (the transcript shows it)
+    assert all(r["invented_reply"] == float(bool(re.match(r"\s*\[assistant\]\s*<tool_response>", r["transcript"])))
+               for r in base_test + base_val)
     assert sorted(p.name for p in (runs / "lopd-s0" / "eval").glob("validation-*")) == ["validation-step0001.jsonl",
                                                                                      "validation-step0002.jsonl"]
     assert "## Against the base model, validation split (4 tasks" in text and "Mean reward per family" in text

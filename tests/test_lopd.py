@@ -226,6 +226,7 @@ def test_a_step_without_success_rescores_bank_successes_for_the_balanced_margin(
     # two bank successes entered Δ (each retrieving only the other bank tasks), so the step has a signal
     assert m["distill/rescored_successes"] == 2 and m["distill/successes_scored"] == 2
     assert m["distill/margin_signal"] == 1.0 and math.isfinite(m["distill/privilege_success"])
+    assert math.isfinite(m["distill/privilege_opener"]) and math.isfinite(m["distill/privilege_opener_failure"])
     assert m["distill/supervised_tokens"] == sum(r.n_generated for r in failed)  # the student learns from its own only
     alone = LOPD(cfg.distill, policies, composer).step(StepInputs(step=0, trajectories=failed, tasks=[tasks[1]] * 2,
                                                                   retrieved=[retrieved[1]] * 2))
@@ -367,3 +368,16 @@ def test_micro_batches_give_the_same_step_as_the_whole_batch(tiny_tokenizer, mod
         for key in ("distill/kl_topk", "distill/composer_kl", "distill/privilege_delta", "distill/margin_delta",
                     "distill/beta", "distill/anchor", "distill/composer_grad_norm", "distill/student_grad_norm"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5 if key in loose else 1e-7), key
+
+
+def test_privilege_summary_splits_by_outcome_and_sums_the_opener():
+    from lopd_core.algorithms.lopd import privilege_summary
+
+    rewards = torch.tensor([1.0, 0.6, 0.0, 0.0])  # a success, partial credit (neither), two failures
+    m = privilege_summary(torch.tensor([0.1, 9.0, -0.2, -0.4]), torch.tensor([0.5, 9.0, -1.0, 0.0]),
+                          torch.tensor([2.0, 9.0, 1.0, -3.0]), rewards, success_reward=0.8, failure_reward=0.5)
+    assert m["distill/privilege_success"] == pytest.approx(0.1) and m["distill/privilege_failure"] == pytest.approx(-0.3)
+    assert m["distill/privilege_first_token"] == pytest.approx(0.5) and m["distill/successes_scored"] == 1
+    assert m["distill/privilege_opener"] == pytest.approx(2.0) and m["distill/privilege_opener_failure"] == pytest.approx(-1.0)
+    assert math.isnan(privilege_summary(*(torch.zeros(1),) * 3, torch.zeros(1), success_reward=0.8,
+                                        failure_reward=0.5)["distill/privilege_opener"])  # no success: undefined

@@ -69,10 +69,34 @@ def test_summary_of_deltas_matches_hand_computed_values():
     assert mean == 0.5 and lo < 0.5 < hi and hi - lo < 0.5
 
 
-def make_trajectory_stub(reward: float):
+def test_opener_delta_sums_the_first_action_tokens_and_names_failures_that_invent_the_tool_reply():
+    rows = [make_trajectory_stub(1.0, "<tool_call>\n{}"), make_trajectory_stub(0.0, "<tool_response>\n42"),
+            make_trajectory_stub(0.0, "It is 42.")]
+    base = [torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-1.0, -1.0, -1.0]), torch.tensor([-1.0, -1.0])]
+    teacher = [torch.tensor([-1.0, -1.0, -5.0]), torch.tensor([-1.0, -0.25, -9.0]), torch.tensor([-3.0, -1.0])]
+    got = summarize_privilege(teacher, base, rows, opener_tokens=2)
+    # δ: success [0, +1, −2]; the invented reply [0, +0.75, −8]; the direct answer [−2, 0]
+    assert got["privilege_first_token"] == 0.0 and got["privilege_opener"] == pytest.approx(1.0)
+    assert got["privilege_opener_failures"] == pytest.approx((0.75 - 2.0) / 2)
+    assert got["failures_opening_tool_response"] == 1 and got["privilege_opener_tool_response"] == pytest.approx(0.75)
+    assert math.isnan(summarize_privilege(teacher[:1], base[:1], rows[:1])["privilege_opener_tool_response"])
+
+
+def test_the_opener_is_the_tool_call_tag_which_shares_its_first_tokens_with_the_tool_reply_tag(policies):
+    from lopd_core.algorithms.lopd import opener_length
+    from lopd_core.records.chat import encode
+
+    tok = policies.tokenizer
+    call, reply = encode(tok, "<tool_call>"), encode(tok, "<tool_response>")
+    assert opener_length(tok) == len(call) > 1 and call[0] == reply[0]  # the first token cannot tell them apart
+    assert call[: opener_length(tok)] != reply[: opener_length(tok)]  # the opener can
+
+
+def make_trajectory_stub(reward: float, first_action: str = ""):
     from types import SimpleNamespace
 
-    return SimpleNamespace(reward=reward)
+    return SimpleNamespace(reward=reward, initial_messages=1,
+                           messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": first_action}])
 
 
 def test_base_and_text_teacher_logprobs_are_the_models_own(policies):

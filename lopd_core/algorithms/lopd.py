@@ -52,10 +52,12 @@ from lopd_core.algorithms.prefix import (
 )
 from lopd_core.config import DistillConfig, LOPDConfig
 from lopd_core.envs.base import Task
+from lopd_core.envs.tools import TOOL_CALL_OPEN
 from lopd_core.metrics import Timer
 from lopd_core.models.composer import ComposerPair, ComposerState, anchor_latents, compose, experience_turns
 from lopd_core.models.latent import TeacherPrompt, experiences_prompt, inject_latents, latent_prompt
 from lopd_core.models.policy import ENCODER, PolicySet, hidden_states, logprobs_at
+from lopd_core.records.chat import encode
 from lopd_core.records.experience import Experience, RetrievalQuery
 from lopd_core.records.trajectory import Trajectory
 
@@ -179,17 +181,28 @@ def teacher_prompts(lopd: LOPDConfig, tokenizer, rows: list[Trajectory], tasks: 
     return prompts, pairs, pair_rows
 
 
-def privilege_summary(row_delta: Tensor, first_delta: Tensor, rewards: Tensor, *, success_reward: float,
-                      failure_reward: float) -> dict[str, float]:
-    """Per step: mean token δ on successes and on failures, and δ at the first action token of successes.
+def opener_length(tokenizer) -> int:
+    """Tokens of the tool-call tag: how many first action tokens the opener δ sums."""
+    return len(encode(tokenizer, TOOL_CALL_OPEN))
+
+
+def privilege_summary(row_delta: Tensor, first_delta: Tensor, opener_delta: Tensor, rewards: Tensor, *,
+                      success_reward: float, failure_reward: float) -> dict[str, float]:
+    """Per step: mean token δ on successes and on failures, δ at the first action token of successes, and the
+    opener δ (summed over the first action's first tokens, as many as the tool-call tag has) of successes and
+    of failures.
 
     A teacher worth distilling from raises the student's successful actions (``privilege_success`` > 0),
-    most of all the first one, where a tool-use episode decides between calling a tool and answering."""
+    most of all the first one, where a tool-use episode decides between calling a tool and answering. The
+    first token alone does not see every fork: ``<tool_call>`` and ``<tool_response>`` (the agent inventing
+    the tool's reply) share their first tokens, which the opener δ covers."""
     success, failure = rewards >= success_reward, rewards < failure_reward
     nan = float("nan")
     return {"distill/privilege_success": float(row_delta[success].mean()) if success.any() else nan,
             "distill/privilege_failure": float(row_delta[failure].mean()) if failure.any() else nan,
             "distill/privilege_first_token": float(first_delta[success].mean()) if success.any() else nan,
+            "distill/privilege_opener": float(opener_delta[success].mean()) if success.any() else nan,
+            "distill/privilege_opener_failure": float(opener_delta[failure].mean()) if failure.any() else nan,
             "distill/successes_scored": float(success.sum())}
 
 
@@ -446,7 +459,8 @@ class _ComposerPhase:
         gain = composer.compressor.spec.latent_gain if composer is not None else None
         self.anchor_scale = 1.0 / gain ** 2 if lopd.anchor_units == "embedding_rms" and gain else 1.0
         self.totals = dict.fromkeys(("kl", "margin", "anchor", "loss", "latent_sq"), 0.0)
-        self.per_batch: dict[int, tuple] = {}  # index → (row means, first tokens, flat δ, flat advantages or None)
+        self.opener_tokens = opener_length(method.policies.tokenizer)
+        self.per_batch: dict[int, tuple] = {}  # index → (row means, first tokens, openers, (flat δ, flat advantages) or None)
 
     def add(self, index: int, batch: MicroBatch, t: TeacherOutput, s_out: StudentOutput) -> None:
         method, lopd, totals = self.method, self.method.lopd, self.totals
@@ -481,7 +495,8 @@ class _ComposerPhase:
         flat = (None if rescored else
                 (detached[mask.bool()].cpu(),
                  losses.outcome_advantage(batch.rewards)[:, None].expand_as(mask)[mask.bool()].cpu()))
-        self.per_batch[index] = (losses.rollout_token_mean(detached, mask).cpu(), detached[:, 0].cpu(), flat)
+        self.per_batch[index] = (losses.rollout_token_mean(detached, mask).cpu(), detached[:, 0].cpu(),
+                                 detached[:, : self.opener_tokens].sum(1).cpu(), flat)
 
     def finish(self) -> dict[str, float]:
         method, lopd = self.method, self.method.lopd
@@ -491,16 +506,16 @@ class _ComposerPhase:
         per_batch = distributed.gather_by_index(self.per_batch)
         ordered = [per_batch[i] for i in sorted(per_batch)]
         device = self.rewards.device
-        row_mean, row_first = [m.to(device) for m, _, _ in ordered], [f.to(device) for _, f, _ in ordered]
-        flat_delta = [flat[0].to(device) for _, _, flat in ordered if flat is not None]
-        flat_advantage = [flat[1].to(device) for _, _, flat in ordered if flat is not None]
+        row_mean, row_first, row_opener = ([part[i].to(device) for part in ordered] for i in range(3))
+        flat_delta = [flat[0].to(device) for *_, flat in ordered if flat is not None]
+        flat_advantage = [flat[1].to(device) for *_, flat in ordered if flat is not None]
         delta_hat = float(losses.token_weighted_margin(torch.cat(flat_delta), torch.cat(flat_advantage),
                                                        torch.ones(sum(len(d) for d in flat_delta), device=device)))
         out = {"distill/privilege_delta": delta_hat, "distill/margin_delta": totals["margin"],
                "distill/dual_estimate": delta_hat if lopd.margin_form == "signed" else totals["margin"],
                "distill/margin_signal": float(bool((self.weights != 0).any())),
                "distill/composer_updated": float(method.composer_trainable),
-               **privilege_summary(torch.cat(row_mean), torch.cat(row_first), self.rewards,
+               **privilege_summary(torch.cat(row_mean), torch.cat(row_first), torch.cat(row_opener), self.rewards,
                                    success_reward=lopd.success_reward, failure_reward=lopd.failure_reward)}
         if not method.composer_trainable:
             return out
