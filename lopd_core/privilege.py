@@ -145,6 +145,10 @@ def summarize_privilege(teacher_lp: list[torch.Tensor], base_lp: list[torch.Tens
         "privilege_opener_failures": _fmean([float(d[:opener_tokens].sum()) for d in failure]),
         "failures_opening_tool_response": len(invented),
         "privilege_opener_tool_response": _fmean([float(d[:opener_tokens].sum()) for d in invented]),
+        # where in the opener δ is won or lost: the mean δ at each of its positions
+        "opener_by_token": [_fmean([float(d[i]) for d in success if len(d) > i]) for i in range(opener_tokens)],
+        "opener_by_token_tool_response": [_fmean([float(d[i]) for d in invented if len(d) > i])
+                                          for i in range(opener_tokens)],
     }
     out["balanced_delta"] = out["privilege_success"] - out["privilege_failure"]
     for label, rows in (("teacher", oracle_teacher), ("base", oracle_base)):

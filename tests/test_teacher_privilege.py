@@ -79,6 +79,7 @@ def test_opener_delta_sums_the_first_action_tokens_and_names_failures_that_inven
     assert got["privilege_first_token"] == 0.0 and got["privilege_opener"] == pytest.approx(1.0)
     assert got["privilege_opener_failures"] == pytest.approx((0.75 - 2.0) / 2)
     assert got["failures_opening_tool_response"] == 1 and got["privilege_opener_tool_response"] == pytest.approx(0.75)
+    assert got["opener_by_token"] == pytest.approx([0.0, 1.0]) and got["opener_by_token_tool_response"] == pytest.approx([0.0, 0.75])
     assert math.isnan(summarize_privilege(teacher[:1], base[:1], rows[:1])["privilege_opener_tool_response"])
 
 
