@@ -37,6 +37,7 @@ What it is not: curation, indexing or evaluation (other stages), and it never re
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -289,15 +290,31 @@ class NotPrivilegedError(ValueError):
 
 GATE_SUCCESSES = 8
 """How many bank successes the privilege gate scores (forward passes only)."""
+GATE_TOLERANCE = -0.02
+"""The most a privileged teacher may lower, on average, any token of the successes' first-action opener."""
+
+
+def is_privileged(summary: dict) -> bool:
+    """A :func:`~lopd_core.privilege.summarize_privilege` summary of successes: privileged when the mean token δ
+    is positive and no position of the first action's opener (``opener_by_token``; the first token alone when
+    absent) is lowered below :data:`GATE_TOLERANCE`. The opener is where a tool call and an invented tool reply
+    part: a teacher that raises the first token but lowers ``call`` after ``<tool_`` teaches the student to
+    write the tool's reply itself."""
+    return summary["privilege_success"] > 0 and min(_opener(summary)) >= GATE_TOLERANCE
+
+
+def _opener(summary: dict) -> list[float]:
+    """The opener's per-position δ, positions no success reaches (nan) left out."""
+    opener = [d for d in summary.get("opener_by_token") or [] if not math.isnan(d)]
+    return opener or [summary["privilege_first_token"]]
 
 
 def privilege_gate(cfg: Config, policies: PolicySet, suite: Suite, bank: Bank, *,
                    composer: ComposerState | None) -> dict[str, float]:
     """Before the first LOPD step: the teacher's δ on the bank's successes (the base model's own actions).
 
-    Privileged = the mean token δ on successes is positive and the first action token's δ is not clearly
-    negative (≥ −0.02). When it is not, ``distill.lopd.privilege_gate`` decides: ``stop`` raises
-    :class:`NotPrivilegedError` with the figures, ``warn`` logs them and trains anyway."""
+    Privileged: see :func:`is_privileged`. When it is not, ``distill.lopd.privilege_gate`` decides: ``stop``
+    raises :class:`NotPrivilegedError` with the figures, ``warn`` logs them and trains anyway."""
     lopd = cfg.distill.lopd
     summary = probe_teacher(cfg, policies, suite, bank.successes, bank, composer=composer,
                             max_successes=GATE_SUCCESSES, max_failures=0)
@@ -306,14 +323,17 @@ def privilege_gate(cfg: Config, policies: PolicySet, suite: Suite, bank: Bank, *
         log.warning("privilege gate: no bank success could be scored (none has another experience of its family to "
                     "retrieve); the teacher is not checked")
         return {"privileged": float("nan"), "successes": 0.0}
-    privileged = success > 0 and first >= -0.02
+    privileged = is_privileged(summary)
+    opener = _opener(summary)
     result = {"privileged": float(privileged), "privilege_success": success, "privilege_first_token": first,
-              "successes": float(summary["successes"])}
+              "privilege_opener_min": min(opener), "successes": float(summary["successes"])}
     if not privileged:
         teacher = "latent" if composer is not None else "text"
         message = (f"the {teacher} teacher is not privileged on the bank's successes: mean δ {success:+.3f} per action "
-                   f"token, {first:+.3f} at the first action ({summary['successes']} successes scored); distilling "
-                   "from it would move the student away from what it already does right. Check `lopd probe-teacher`, "
+                   f"token; δ at the first action's opening tokens {', '.join(f'{d:+.3f}' for d in opener)} "
+                   f"({summary['successes']} successes scored; a position below {GATE_TOLERANCE} fails, e.g. a "
+                   "teacher that favours an invented <tool_response> over <tool_call>); distilling from it would move "
+                   "the student away from what it already does right. Check `lopd probe-teacher`, "
                    "distill.lopd.context_placement and the bank, or set distill.lopd.privilege_gate=warn to train anyway")
         if lopd.privilege_gate == "stop":
             raise NotPrivilegedError(message)

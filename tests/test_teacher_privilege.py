@@ -325,3 +325,18 @@ def test_a_codegen_experience_shows_its_code_to_the_encoder_even_beside_a_long_r
     # the experience's part is exactly what a text teacher is shown of it, within the budget
     shown = experience_text(tiny_tokenizer, experience, max_tokens=budget)
     assert encoded.endswith(shown) and len(tiny_tokenizer.encode(shown)) <= budget
+
+
+def test_the_gate_refuses_a_teacher_that_lowers_the_tool_call_at_its_fork():
+    from lopd_core.training import is_privileged
+
+    # the comparison's cold-started composer (report 2026-12-07 §9): the first token raised, `call` after
+    # `<tool_` lowered by 0.19 — a teacher that favours the invented tool reply
+    fork = {"privilege_success": 0.011, "privilege_first_token": 0.216,
+            "opener_by_token": [0.216, -0.010, -0.000, -0.192, -0.001]}
+    assert not is_privileged(fork)
+    assert is_privileged({**fork, "opener_by_token": [0.216, -0.010, 0.0, 0.05, 0.0]})
+    assert not is_privileged({**fork, "privilege_success": -0.001, "opener_by_token": [0.3, 0.0, 0.0, 0.1, 0.0]})
+    # a summary without the per-position opener falls back on the first token
+    assert is_privileged({"privilege_success": 0.01, "privilege_first_token": 0.0})
+    assert not is_privileged({"privilege_success": 0.01, "privilege_first_token": -0.03})
