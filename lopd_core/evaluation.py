@@ -133,8 +133,8 @@ def score_tasks(policies, tasks: list, suite, *, cfg: Config, label: str, weight
     episodes (rollout temperature), and the log-probability of the correct tool name on the task's oracle
     first action (``tool_name``: a continuous signal that moves before success does), whether the greedy
     episode's first action invents the tool's reply (opens ``<tool_response>``: the failure a teacher can teach
-    that the first-token δ does not see), and the greedy episode's :func:`episode_transcript`. ``weights``: the student's or the base's; episodes are played on
-    ``rollout.engine``."""
+    that the first-token δ does not see), and the greedy episode's :func:`episode_transcript`. ``weights``:
+    the student's or the base's; episodes are played on ``rollout.engine``."""
     def play_all(rows: list, temperature: float, seed: int) -> list[Trajectory]:
         with policy_engine(cfg, policies, weights=weights, version=label) as engine:
             return play(cfg.rollout, engine, policies.tokenizer, suite, rows, seed=seed, temperature=temperature,
