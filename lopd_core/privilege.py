@@ -88,6 +88,12 @@ def action_logprobs(policies: PolicySet, episodes: list[Trajectory], *, teacher:
     return out
 
 
+def first_action(episode: Trajectory) -> str:
+    """The text of the episode's first assistant message ("" when it has none)."""
+    messages = episode.messages
+    return (messages[episode.initial_messages].get("content") or "") if len(messages) > episode.initial_messages else ""
+
+
 def first_call_probabilities(tokenizer, oracle_rows: list[Trajectory], logprobs: list[torch.Tensor]) -> list[dict]:
     """On each task's oracle episode: P(the first action token opens a tool call) and P(the correct tool name).
 
@@ -96,7 +102,7 @@ def first_call_probabilities(tokenizer, oracle_rows: list[Trajectory], logprobs:
     out = []
     opener = TOOL_CALL_OPEN
     for row, lp in zip(oracle_rows, logprobs, strict=True):
-        first = row.messages[row.initial_messages].get("content") or ""
+        first = first_action(row)
         name_start = first.find('"name": "')
         if not first.startswith(opener) or name_start < 0 or len(lp) == 0:
             out.append({})
@@ -113,9 +119,7 @@ def first_call_probabilities(tokenizer, oracle_rows: list[Trajectory], logprobs:
 
 def opens_tool_response(episode: Trajectory) -> bool:
     """The episode's first action opens with the tool-response tag: the agent writes the tool's reply itself."""
-    messages = getattr(episode, "messages", None) or []
-    first = messages[episode.initial_messages] if len(messages) > episode.initial_messages else {}
-    return (first.get("content") or "").lstrip().startswith(TOOL_RESPONSE_OPEN)
+    return first_action(episode).lstrip().startswith(TOOL_RESPONSE_OPEN)
 
 
 def _fmean(values: list[float]) -> float:
