@@ -136,11 +136,12 @@ def summarize_privilege(teacher_lp: list[torch.Tensor], base_lp: list[torch.Tens
     failed = [(d, e) for d, e in zip(deltas, episodes, strict=True) if e.reward < failure_reward and len(d)]
     failure = [d for d, _ in failed]
     invented = [d for d, e in failed if opens_tool_response(e)]
+    success_mean, success_lo, success_hi = bootstrap_mean_ci([float(d.mean()) for d in success])
     first_mean, first_lo, first_hi = bootstrap_mean_ci([float(d[0]) for d in success])
     opener_mean, opener_lo, opener_hi = bootstrap_mean_ci([float(d[:opener_tokens].sum()) for d in success])
     out = {
         "successes": len(success), "failures": len(failure),
-        "privilege_success": _fmean([float(d.mean()) for d in success]),
+        "privilege_success": success_mean, "success_ci95_low": success_lo, "success_ci95_high": success_hi,
         "privilege_failure": _fmean([float(d.mean()) for d in failure]),
         "privilege_first_token": first_mean, "first_token_ci95_low": first_lo, "first_token_ci95_high": first_hi,
         "privilege_first_token_failures": _fmean([float(d[0]) for d in failure]),

@@ -296,11 +296,19 @@ GATE_TOLERANCE = -0.02
 
 def is_privileged(summary: dict) -> bool:
     """A :func:`~lopd_core.privilege.summarize_privilege` summary of successes: privileged when the mean token δ
-    is positive and no position of the first action's opener (``opener_by_token``; the first token alone when
-    absent) is lowered below :data:`GATE_TOLERANCE`. The opener is where a tool call and an invented tool reply
-    part: a teacher that raises the first token but lowers ``call`` after ``<tool_`` teaches the student to
-    write the tool's reply itself."""
-    return summary["privilege_success"] > 0 and min(_opener(summary)) >= GATE_TOLERANCE
+    is not credibly negative (the upper end of its 95 % interval, ``success_ci95_high``, is ≥ 0; the mean
+    itself for summaries without it) and no position of the first action's opener (``opener_by_token``; the
+    first token alone when absent) is lowered below :data:`GATE_TOLERANCE`.
+
+    The opener is where a tool call and an invented tool reply part: a teacher that raises the first token
+    but lowers ``call`` after ``<tool_`` teaches the student to write the tool's reply itself. The mean δ
+    over all tokens did not tell the teachers apart (report 2026-12-07 §11): on the bank's successes the
+    text teacher, whose distillation lifted the student, scores −0.024 [−0.049, +0.002] and the latent
+    teacher, whose distillation did not, +0.008; a rule asking for a positive mean refused the useful one."""
+    high = summary.get("success_ci95_high", summary["privilege_success"])
+    if math.isnan(high):
+        high = summary["privilege_success"]
+    return high >= 0 and min(_opener(summary)) >= GATE_TOLERANCE
 
 
 def _opener(summary: dict) -> list[float]:
@@ -325,13 +333,14 @@ def privilege_gate(cfg: Config, policies: PolicySet, suite: Suite, bank: Bank, *
         return {"privileged": float("nan"), "successes": 0.0}
     privileged = is_privileged(summary)
     opener = _opener(summary)
-    result = {"privileged": float(privileged), "privilege_success": success, "privilege_first_token": first,
+    result = {"privileged": float(privileged), "privilege_success": success,
+              "privilege_success_ci95_high": summary["success_ci95_high"], "privilege_first_token": first,
               "privilege_opener_min": min(opener), "successes": float(summary["successes"])}
     if not privileged:
         teacher = "latent" if composer is not None else "text"
         message = (f"the {teacher} teacher is not privileged on the bank's successes: mean δ {success:+.3f} per action "
-                   f"token; δ at the first action's opening tokens {', '.join(f'{d:+.3f}' for d in opener)} "
-                   f"({summary['successes']} successes scored; a position below {GATE_TOLERANCE} fails, e.g. a "
+                   f"token (95 % interval up to {summary['success_ci95_high']:+.3f}; below 0 fails); δ at the first "
+                   f"action's opening tokens {', '.join(f'{d:+.3f}' for d in opener)} ({summary['successes']} successes scored; a position below {GATE_TOLERANCE} fails, e.g. a "
                    "teacher that favours an invented <tool_response> over <tool_call>); distilling from it would move "
                    "the student away from what it already does right. Check `lopd probe-teacher`, "
                    "distill.lopd.context_placement and the bank, or set distill.lopd.privilege_gate=warn to train anyway")

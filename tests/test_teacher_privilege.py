@@ -64,6 +64,7 @@ def test_summary_of_deltas_matches_hand_computed_values():
     assert got["privilege_success"] == pytest.approx(1.0 / 3) and got["privilege_failure"] == pytest.approx(-1.25)
     assert got["balanced_delta"] == pytest.approx(1.0 / 3 + 1.25)
     assert got["privilege_first_token"] == pytest.approx(0.5) == got["first_token_ci95_low"]  # one success
+    assert got["success_ci95_low"] == pytest.approx(1.0 / 3) == got["success_ci95_high"]
     assert math.isnan(summarize_privilege(teacher[:1], base[:1], rows[:1])["privilege_failure"])  # undefined, not 0
     mean, lo, hi = bootstrap_mean_ci([0.0, 1.0] * 20)
     assert mean == 0.5 and lo < 0.5 < hi and hi - lo < 0.5
@@ -337,6 +338,13 @@ def test_the_gate_refuses_a_teacher_that_lowers_the_tool_call_at_its_fork():
     assert not is_privileged(fork)
     assert is_privileged({**fork, "opener_by_token": [0.216, -0.010, 0.0, 0.05, 0.0]})
     assert not is_privileged({**fork, "privilege_success": -0.001, "opener_by_token": [0.3, 0.0, 0.0, 0.1, 0.0]})
+    # the text teacher on the bank's successes (§11): a slightly negative mean whose interval reaches 0 passes
+    # with its opener right; one whose interval stays below 0 does not
+    text = {"privilege_success": -0.024, "success_ci95_high": 0.002, "privilege_first_token": 0.45,
+            "opener_by_token": [0.45, 0.001, 0.0, 0.093, 0.0]}
+    assert is_privileged(text)
+    assert not is_privileged({**text, "success_ci95_high": -0.004})
+    assert not is_privileged({**fork, "success_ci95_high": 0.019})  # the latent teacher: a positive mean, the fork
     # a summary without the per-position opener falls back on the first token
     assert is_privileged({"privilege_success": 0.01, "privilege_first_token": 0.0})
     assert not is_privileged({"privilege_success": 0.01, "privilege_first_token": -0.03})

@@ -124,6 +124,33 @@ def test_lopd_without_a_cold_started_composer_says_what_to_do(tmp_path, models_d
               progress=False)
 
 
+def test_the_privilege_gate_stops_a_teacher_at_the_wrong_fork_and_trains_a_teacher_at_the_right_one(
+        tmp_path, models_dir, bank, monkeypatch):
+    """The gate's wiring in a real run (text teacher, no composer needed). The tiny random model's δ is noise,
+    so the probe's summary is replaced by the two measured teachers' figures (report 2026-12-07 §11): the
+    latent teacher lowering `call` at the opener's fourth token, the text teacher with a slightly negative
+    mean δ whose interval reaches 0."""
+    import lopd_core.training as training
+
+    suite, trajectories, retriever = bank
+    measured = {"fork": {"successes": 8, "privilege_success": 0.008, "success_ci95_high": 0.019,
+                         "privilege_first_token": 0.299, "opener_by_token": [0.299, -0.010, 0.0, -0.145, 0.0]},
+                "text": {"successes": 8, "privilege_success": -0.040, "success_ci95_high": 0.006,
+                         "privilege_first_token": 0.439, "opener_by_token": [0.439, 0.001, 0.0, 0.101, 0.0]}}
+    cfg = smoke(tmp_path, models_dir, **{"distill.steps": 1, "distill.lopd.context": "text",
+                                         "distill.lopd.privilege_gate": "stop"})
+    monkeypatch.setattr(training, "probe_teacher", lambda *a, **k: measured["fork"])
+    with pytest.raises(training.NotPrivilegedError, match=r"\+0\.299, -0\.010, \+0\.000, -0\.145"):
+        train(cfg, suite=suite, bank=pinned(retriever, trajectories), run_dir=tmp_path / "fork", progress=False)
+    assert not list_checkpoints(tmp_path / "fork")  # refused before any rollout or step
+
+    monkeypatch.setattr(training, "probe_teacher", lambda *a, **k: measured["text"])
+    result = train(cfg, suite=suite, bank=pinned(retriever, trajectories), run_dir=tmp_path / "text", progress=False)
+    first = result.history[0]
+    assert first["gate/privileged"] == 1.0 and first["gate/privilege_success_ci95_high"] == 0.006
+    assert first["gate/privilege_opener_min"] == 0.0
+
+
 def test_retrieval_stays_in_the_task_family_and_the_oracle_fills_in_only_when_asked(tiny_tokenizer):
     from lopd_core.rollout.oracle import oracle_episode, oracle_experience
     from lopd_core.training import retrieve_for
