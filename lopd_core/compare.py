@@ -85,6 +85,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "lopd_chat_turn": {"distill.lopd.context_placement": "chat_turn"},
     "lopd_any_family": {"distill.lopd.retrieval_family": "any"},
     "lopd_oracle_fallback": {"distill.lopd.oracle_fallback": True},
+    "lopd_opener": {"distill.lopd.cold_start.opener_weight": 10.0},
 }
 
 
@@ -284,7 +285,8 @@ class Comparison:
         result = cold_start_composer(cfg, bank, suite_name=self.suite_name, out_dir=out, models_dir=self.ws.models_dir)
         self.log(f"[cold start] {key}: {result.steps} steps on {result.examples} y* with an experience to retrieve "
                  f"(skipped: {result.skipped}), validation NLL {result.val_nll_best:.3f} with latents, "
-                 f"{result.val_nll_without_latents:.3f} without")
+                 f"{result.val_nll_without_latents:.3f} without; δ at the opener's positions "
+                 f"{', '.join(f'{d:+.3f}' for d in result.val_opener_best)}")
         state = self._state()
         state.setdefault("cold_start", {})[key] = {**result.to_dict(), "seconds": round(time.perf_counter() - started, 1)}
         self._save_state(state)
@@ -588,12 +590,12 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 def cold_start_key(cfg: Config) -> str:
     """What a root's cold-started composer depends on: the composer's shape, retrieval, placement, the
     experience budget, the cold start's own steps, learning rate, batch and y*, and ``e2``, the encoder input's
-    version (the header on top of the experience's budget). A run whose settings give another key gets its own
+    version (the header on top of the experience's budget), and the opener's weight when it is not 1. A run whose settings give another key gets its own
     cold start instead of silently reusing one trained otherwise."""
     lopd, cold = cfg.distill.lopd, cfg.distill.lopd.cold_start
     return (f"k{lopd.n_latents}-d{lopd.compressor_depth}-j{lopd.n_retrieved}-{lopd.context_placement}-"
             f"{lopd.retrieval_family}-t{lopd.experience_max_tokens}-e2-cs{cold.steps}-lr{cold.lr:g}-b{cold.batch_size}-"
-            f"y{cold.y_star}")
+            f"y{cold.y_star}" + (f"-o{cold.opener_weight:g}" if cold.opener_weight != 1 else ""))
 
 
 def read_episodes(paths: list[Path]) -> list:

@@ -248,6 +248,11 @@ class ColdStartConfig(_Section):
     """Gradient-norm clip of the compressor (official code: 30)."""
     grad_clip_lora: float = Field(3.0, gt=0.0)
     """Gradient-norm clip of the encoder LoRA (official code: 3)."""
+    opener_weight: float = Field(1.0, gt=0.0)
+    """Weight of the NLL of each y*'s first action opener (its first tokens, as many as the tool-call tag has)
+    against 1 for every other token, in the loss and in the validation NLL that picks the composer kept.
+    1 = plain NLL (the paper's). The opener is where a tool call and an invented tool reply part; a composer
+    trained on plain NLL lowered `call` there (report 2026-12-07, §11)."""
 
 
 class LOPDConfig(_Section):

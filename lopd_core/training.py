@@ -138,13 +138,18 @@ class ColdStartResult:
     """The same tokens' NLL under the base model without any context: the latents help when below it."""
     best_step: int = 0
     stopped_early: bool = False
+    val_opener_first: list[float] = field(default_factory=list)
+    """Validation δ (with latents − without) at each position of the first action's opener, before the first step."""
+    val_opener_best: list[float] = field(default_factory=list)
+    """The same for the composer kept: a position well below 0 is a teacher at the wrong fork (see is_privileged)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"composer_dir": str(self.composer_dir), "steps": self.steps, "examples": self.examples,
                 "skipped": self.skipped, "nll_first": self.nll_first, "nll_last": self.nll_last,
                 "validation_examples": self.validation_examples, "val_nll_first": self.val_nll_first,
                 "val_nll_best": self.val_nll_best, "val_nll_without_latents": self.val_nll_without_latents,
-                "best_step": self.best_step, "stopped_early": self.stopped_early}
+                "best_step": self.best_step, "stopped_early": self.stopped_early,
+                "val_opener_first": self.val_opener_first, "val_opener_best": self.val_opener_best}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -577,22 +582,28 @@ def cold_start(cfg: Config, *, retriever: Retriever, out_dir: Path, trajectories
     train_examples, val_examples = validation_split(examples, fraction=cold.validation_fraction, seed=cfg.distill.seed)
     val_examples = val_examples[: cold.max_validation_examples]
     history: list[dict[str, float]] = []
-    val = {"first": float("nan"), "best": float("nan"), "plain": float("nan"), "best_step": 0, "stopped": False}
+    val = {"first": float("nan"), "best": float("nan"), "plain": float("nan"), "best_step": 0, "stopped": False,
+           "opener_first": [], "opener_best": []}
     if cold.steps > 0:
         trainer = ColdStart(cfg.distill, policies, composer)
         best = None
         if val_examples:
-            val["first"], val["plain"] = trainer.validation_nll(val_examples)
-            val["best"], best, waited = val["first"], trainer.snapshot(), 0
+            first = trainer.validation_nll(val_examples)
+            val.update(first=first["nll"], plain=first["plain"], best=first["nll"], score=first["score"],
+                       opener_first=first["opener"], opener_best=first["opener"])
+            best, waited = trainer.snapshot(), 0
         for i, batch in enumerate(tqdm(batches(train_examples, batch_size=cold.batch_size, steps=cold.steps,
                                                seed=cfg.distill.seed),
                                        total=cold.steps, desc="cold start", unit="step", disable=not progress)):
             metrics = trainer.step(batch)
             if val_examples and ((i + 1) % cold.eval_every == 0 or i + 1 == cold.steps):
-                nll, _ = trainer.validation_nll(val_examples)
-                metrics.update({"cold_start/val_nll": nll, "cold_start/val_nll_without_latents": val["plain"]})
-                if nll < val["best"] - 1e-6:
-                    val["best"], val["best_step"], best, waited = nll, i + 1, trainer.snapshot(), 0
+                got = trainer.validation_nll(val_examples)
+                metrics.update({"cold_start/val_nll": got["nll"], "cold_start/val_nll_without_latents": val["plain"],
+                                "cold_start/val_score": got["score"], "cold_start/val_opener_min": min(got["opener"]),
+                                **{f"cold_start/val_opener_{j}": d for j, d in enumerate(got["opener"])}})
+                if got["score"] < val["score"] - 1e-6:
+                    val.update(best=got["nll"], score=got["score"], best_step=i + 1, opener_best=got["opener"])
+                    best, waited = trainer.snapshot(), 0
                 else:
                     waited += 1
             history.append(metrics)
@@ -608,10 +619,13 @@ def cold_start(cfg: Config, *, retriever: Retriever, out_dir: Path, trajectories
     nll = [m["cold_start/nll"] for m in history]
     composer.info["cold_start"] = {"steps": len(history), "examples": len(examples), "nll_first": nll[0] if nll else None,
                                    "nll_last": nll[-1] if nll else None, "val_nll_best": val["best"],
-                                   "val_nll_without_latents": val["plain"], "best_step": val["best_step"]}
+                                   "val_nll_without_latents": val["plain"], "best_step": val["best_step"],
+                                   "val_opener_first": val["opener_first"], "val_opener_best": val["opener_best"],
+                                   "opener_weight": cold.opener_weight}
     save_composer(policies, composer, Path(out_dir))
     return ColdStartResult(composer_dir=Path(out_dir), steps=len(history), examples=len(examples), skipped=skipped,
                            nll_first=nll[0] if nll else float("nan"), nll_last=nll[-1] if nll else float("nan"),
                            history=history, validation_examples=len(val_examples), val_nll_first=val["first"],
                            val_nll_best=val["best"], val_nll_without_latents=val["plain"], best_step=val["best_step"],
-                           stopped_early=val["stopped"])
+                           stopped_early=val["stopped"], val_opener_first=val["opener_first"],
+                           val_opener_best=val["opener_best"])

@@ -391,5 +391,7 @@ def test_a_cold_start_trained_with_other_settings_is_not_reused():
                                                                       "distill.lr_student": 3e-4}))
     for field, value in [("distill.lopd.cold_start.steps", 160), ("distill.lopd.cold_start.lr", 3e-5),
                          ("distill.lopd.cold_start.batch_size", 4), ("distill.lopd.n_latents", 8),
-                         ("distill.lopd.context_placement", "system")]:
+                         ("distill.lopd.context_placement", "system"), ("distill.lopd.cold_start.opener_weight", 10)]:
         assert cold_start_key(cfg.with_overrides({field: value})) != key, field
+    # the plain NLL keeps the keys of the composers cold-started before the opener weight existed
+    assert not key.endswith("-o1") and "-o" not in key.rsplit("-y", 1)[-1]

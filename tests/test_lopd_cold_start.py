@@ -169,3 +169,32 @@ def test_the_cold_start_learns_from_every_stored_success_and_retrieves_only_cura
     kept = {t.trajectory_id for t in bank.successes}
     assert all(e.experience_id in kept and e.task_id != ex.trajectory.task_id
                for ex in examples for e in ex.experiences)
+
+
+def test_the_opener_weight_weighs_each_first_action_opener_and_the_validation_reports_it(tiny_tokenizer, models_dir):
+    """``cold_start.opener_weight``: the first tokens of each y*'s first action (as many as the tool-call tag
+    has) weigh ``w`` in the NLL, every other token 1; validation reports the δ (latents − none) there."""
+    from lopd_core.algorithms.lopd import opener_length
+
+    rows, retriever = bank(tiny_tokenizer)
+    examples, _ = cold_start_examples(rows, retriever, n_retrieved=1, exclude_same_task=True)
+    opener, results = opener_length(tiny_tokenizer), {}
+    for weight in (1.0, 20.0):
+        cfg = load_config("smoke").with_overrides({"distill.lopd.cold_start.lr": 3e-3,
+                                                   "distill.lopd.cold_start.opener_weight": weight})
+        torch.manual_seed(0)
+        policies = build_policy_set(cfg.model, cfg.distill.lopd, models_dir, device="cpu")
+        trainer = ColdStart(cfg.distill, policies, new_composer_state(policies, cfg.distill.lopd))
+        if weight != 1:
+            mask = torch.tensor([[0, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]])
+            assert trainer._weights(mask).tolist() == [weight] * 3 + [weight] * opener + [1.0] * (7 - opener)
+        before = trainer.validation_nll(examples)
+        assert len(before["opener"]) == opener == 5
+        assert (before["score"] == before["nll"]) == (weight == 1)
+        for _ in range(6):
+            trainer.step(examples[:2])
+        results[weight] = (before, trainer.validation_nll(examples))
+    # the same start; weighting the opener raises its δ more than the plain NLL does
+    assert results[1.0][0]["opener"] == pytest.approx(results[20.0][0]["opener"])
+    gain = {w: sum(after["opener"]) - sum(before["opener"]) for w, (before, after) in results.items()}
+    assert gain[20.0] > gain[1.0], gain

@@ -25,7 +25,7 @@ import torch
 
 from lopd_core.algorithms.batch import student_batch, teacher_batch
 from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs
-from lopd_core.algorithms.lopd import latent_teacher_logprobs, teacher_prefix
+from lopd_core.algorithms.lopd import latent_teacher_logprobs, opener_length, teacher_prefix
 from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
 from lopd_core.models.composer import ComposerPair, ComposerState
@@ -83,6 +83,15 @@ class ColdStart:
         self.optimizer = torch.optim.AdamW(
             [{"params": self.lora_params}, {"params": self.compressor_params}], lr=self.cold.lr,
             weight_decay=cfg.weight_decay)
+        self.opener_tokens = opener_length(policies.tokenizer)
+
+    def _weights(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """Per supervised token (the order of ``mask.bool()``), the loss weight: ``opener_weight`` on each row's
+        first ``opener_tokens`` tokens, 1 elsewhere; None when the weight is 1 (the plain NLL)."""
+        if self.cold.opener_weight == 1:
+            return None
+        return torch.cat([torch.where(torch.arange(int(n), device=mask.device) < self.opener_tokens,
+                                      self.cold.opener_weight, 1.0) for n in mask.sum(1).tolist()])
 
     def _micro_batch(self, examples: list[ColdStartExample]):
         tok, k = self.policies.tokenizer, self.lopd.n_latents
@@ -100,23 +109,39 @@ class ColdStart:
                               device=self.policies.device)
         return batch, pairs, pair_rows
 
-    def validation_nll(self, examples: list[ColdStartExample]) -> tuple[float, float]:
-        """(NLL of the y* with their latents, NLL of the same tokens without any context), per token, no grad."""
+    def validation_nll(self, examples: list[ColdStartExample]) -> dict[str, float | list[float]]:
+        """On held-out y*, no grad: ``nll``, the NLL per token with their latents; ``plain``, the same tokens'
+        NLL without any context (the student's prompt); ``score``, the NLL weighted as in the loss (what picks
+        the composer kept; ``nll`` when ``opener_weight`` is 1); ``opener``, the mean δ (with latents − without)
+        at each position of the first action's opener, where a tool call and an invented tool reply part."""
         policies, size = self.policies, self.cfg.micro_batch or len(examples)
-        with_latents, plain, tokens = 0.0, 0.0, 0
+        with_latents, plain, weighted, weights, tokens = 0.0, 0.0, 0.0, 0.0, 0
+        opener = [[] for _ in range(self.opener_tokens)]
         with torch.no_grad():
             for start in range(0, len(examples), size):
                 part = examples[start:start + size]
                 batch, pairs, pair_rows = self._micro_batch(part)
                 teacher_lp, _ = latent_teacher_logprobs(policies, self.composer, batch, pairs, pair_rows,
                                                         max_tokens=self.lopd.experience_max_tokens)
-                with_latents -= float(gather_tokens(teacher_lp, batch.target_ids[batch.mask.bool()]).sum())
+                teacher_tok = gather_tokens(teacher_lp, batch.target_ids[batch.mask.bool()])
                 plain_batch = student_batch([e.trajectory for e in part], pad_id=policies.tokenizer.pad_token_id,
                                             device=policies.device)
-                plain -= float(gather_tokens(model_logprobs(policies, None, plain_batch),
-                                             plain_batch.target_ids[plain_batch.mask.bool()]).sum())
+                plain_tok = gather_tokens(model_logprobs(policies, None, plain_batch),
+                                          plain_batch.target_ids[plain_batch.mask.bool()])
+                w = self._weights(batch.mask)
+                w = torch.ones_like(teacher_tok) if w is None else w
+                with_latents -= float(teacher_tok.sum())
+                plain -= float(plain_tok.sum())
+                weighted -= float((w * teacher_tok).sum())
+                weights += float(w.sum())
                 tokens += batch.n_tokens
-        return with_latents / max(tokens, 1), plain / max(tokens, 1)
+                counts = batch.mask.sum(1).long().tolist()
+                for row_teacher, row_plain in zip(teacher_tok.split(counts), plain_tok.split(counts), strict=True):
+                    for i, d in enumerate((row_teacher - row_plain)[: self.opener_tokens].tolist()):
+                        opener[i].append(d)
+        return {"nll": with_latents / max(tokens, 1), "plain": plain / max(tokens, 1),
+                "score": weighted / max(weights, 1e-9),
+                "opener": [sum(d) / len(d) if d else float("nan") for d in opener]}
 
     def snapshot(self) -> dict:
         """φ's current weights (the best validation point is restored at the end)."""
@@ -142,7 +167,10 @@ class ColdStart:
                 teacher_lp, latents = latent_teacher_logprobs(policies, self.composer, batch, pairs, pair_rows,
                                                               max_tokens=self.lopd.experience_max_tokens,
                                                               micro_batch=self.lopd.encoder_micro_batch, prefix=prefix)
-                loss = -gather_tokens(teacher_lp, batch.target_ids[batch.mask.bool()]).sum() / n_tokens
+                token_lp = gather_tokens(teacher_lp, batch.target_ids[batch.mask.bool()])
+                if (w := self._weights(batch.mask)) is not None:
+                    token_lp = w * token_lp
+                loss = -token_lp.sum() / n_tokens
             with timer("backward"), policies.composer_backward(latents):
                 loss.backward()
             nll += float(loss.detach())
