@@ -286,7 +286,7 @@ class Comparison:
         self.log(f"[cold start] {key}: {result.steps} steps on {result.examples} y* with an experience to retrieve "
                  f"(skipped: {result.skipped}), validation NLL {result.val_nll_best:.3f} with latents, "
                  f"{result.val_nll_without_latents:.3f} without; δ at the opener's positions "
-                 f"{', '.join(f'{d:+.3f}' for d in result.val_opener_best)}")
+                 f"{', '.join(f'{d:+.3f}' for d in result.val_opener_best) or 'not measured (no validation)'}")
         state = self._state()
         state.setdefault("cold_start", {})[key] = {**result.to_dict(), "seconds": round(time.perf_counter() - started, 1)}
         self._save_state(state)
@@ -590,8 +590,8 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 def cold_start_key(cfg: Config) -> str:
     """What a root's cold-started composer depends on: the composer's shape, retrieval, placement, the
     experience budget, the cold start's own steps, learning rate, batch and y*, and ``e2``, the encoder input's
-    version (the header on top of the experience's budget), and the opener's weight when it is not 1. A run whose settings give another key gets its own
-    cold start instead of silently reusing one trained otherwise."""
+    version (the header on top of the experience's budget), and the opener's weight when it is not 1. A run
+    whose settings give another key gets its own cold start instead of silently reusing one trained otherwise."""
     lopd, cold = cfg.distill.lopd, cfg.distill.lopd.cold_start
     return (f"k{lopd.n_latents}-d{lopd.compressor_depth}-j{lopd.n_retrieved}-{lopd.context_placement}-"
             f"{lopd.retrieval_family}-t{lopd.experience_max_tokens}-e2-cs{cold.steps}-lr{cold.lr:g}-b{cold.batch_size}-"

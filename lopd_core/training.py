@@ -307,8 +307,8 @@ def is_privileged(summary: dict) -> bool:
 
     The opener is where a tool call and an invented tool reply part: a teacher that raises the first token
     but lowers ``call`` after ``<tool_`` teaches the student to write the tool's reply itself. The mean δ
-    over all tokens did not tell the teachers apart (report 2026-12-07 §11): on the bank's successes the
-    text teacher, whose distillation lifted the student, scores −0.024 [−0.049, +0.002] and the latent
+    over all tokens did not tell the teachers apart (report 2026-12-07 §11): on the gate's 8 bank successes the
+    text teacher, whose distillation lifted the student, scores −0.040 [−0.090, +0.006] and the latent
     teacher, whose distillation did not, +0.008; a rule asking for a positive mean refused the useful one."""
     high = summary.get("success_ci95_high", summary["privilege_success"])
     if math.isnan(high):
@@ -345,10 +345,11 @@ def privilege_gate(cfg: Config, policies: PolicySet, suite: Suite, bank: Bank, *
         teacher = "latent" if composer is not None else "text"
         message = (f"the {teacher} teacher is not privileged on the bank's successes: mean δ {success:+.3f} per action "
                    f"token (95 % interval up to {summary['success_ci95_high']:+.3f}; below 0 fails); δ at the first "
-                   f"action's opening tokens {', '.join(f'{d:+.3f}' for d in opener)} ({summary['successes']} successes scored; a position below {GATE_TOLERANCE} fails, e.g. a "
-                   "teacher that favours an invented <tool_response> over <tool_call>); distilling from it would move "
-                   "the student away from what it already does right. Check `lopd probe-teacher`, "
-                   "distill.lopd.context_placement and the bank, or set distill.lopd.privilege_gate=warn to train anyway")
+                   f"action's opening tokens {', '.join(f'{d:+.3f}' for d in opener)} ({summary['successes']} "
+                   f"successes scored; a position below {GATE_TOLERANCE} fails, e.g. a teacher that favours an "
+                   "invented <tool_response> over <tool_call>); distilling from it would move the student away "
+                   "from what it already does right. Check `lopd probe-teacher`, distill.lopd.context_placement "
+                   "and the bank, or set distill.lopd.privilege_gate=warn to train anyway")
         if lopd.privilege_gate == "stop":
             raise NotPrivilegedError(message)
         log.warning(message)
