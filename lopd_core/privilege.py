@@ -31,7 +31,12 @@ import torch
 from lopd_core.algorithms.batch import SequenceBatch, student_batch, teacher_batch
 from lopd_core.algorithms.context import sdpo_context
 from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs, student_logprobs
-from lopd_core.algorithms.lopd import latent_teacher_logprobs, opener_length, teacher_prompts
+from lopd_core.algorithms.lopd import (
+    latent_teacher_logprobs,
+    opener_by_position,
+    opener_length,
+    teacher_prompts,
+)
 from lopd_core.algorithms.sdpo import sdpo_teacher_prompt
 from lopd_core.config import Config
 from lopd_core.envs.base import Suite, Task, tasks_by_id
@@ -151,9 +156,8 @@ def summarize_privilege(teacher_lp: list[torch.Tensor], base_lp: list[torch.Tens
         "failures_opening_tool_response": len(invented),
         "privilege_opener_tool_response": _fmean([float(d[:opener_tokens].sum()) for d in invented]),
         # where in the opener δ is won or lost: the mean δ at each of its positions
-        "opener_by_token": [_fmean([float(d[i]) for d in success if len(d) > i]) for i in range(opener_tokens)],
-        "opener_by_token_tool_response": [_fmean([float(d[i]) for d in invented if len(d) > i])
-                                          for i in range(opener_tokens)],
+        "opener_by_token": opener_by_position(success, opener_tokens),
+        "opener_by_token_tool_response": opener_by_position(invented, opener_tokens),
     }
     out["balanced_delta"] = out["privilege_success"] - out["privilege_failure"]
     for label, rows in (("teacher", oracle_teacher), ("base", oracle_base)):

@@ -25,7 +25,12 @@ import torch
 
 from lopd_core.algorithms.batch import student_batch, teacher_batch
 from lopd_core.algorithms.logprobs import gather_tokens, model_logprobs
-from lopd_core.algorithms.lopd import latent_teacher_logprobs, opener_length, teacher_prefix
+from lopd_core.algorithms.lopd import (
+    latent_teacher_logprobs,
+    opener_by_position,
+    opener_length,
+    teacher_prefix,
+)
 from lopd_core.config import DistillConfig
 from lopd_core.metrics import Timer
 from lopd_core.models.composer import ComposerPair, ComposerState
@@ -116,7 +121,7 @@ class ColdStart:
         at each position of the first action's opener, where a tool call and an invented tool reply part."""
         policies, size = self.policies, self.cfg.micro_batch or len(examples)
         with_latents, plain, weighted, weights, tokens = 0.0, 0.0, 0.0, 0.0, 0
-        opener = [[] for _ in range(self.opener_tokens)]
+        row_deltas: list[torch.Tensor] = []
         with torch.no_grad():
             for start in range(0, len(examples), size):
                 part = examples[start:start + size]
@@ -135,13 +140,10 @@ class ColdStart:
                 weighted -= float((w * teacher_tok).sum())
                 weights += float(w.sum())
                 tokens += batch.n_tokens
-                counts = batch.mask.sum(1).long().tolist()
-                for row_teacher, row_plain in zip(teacher_tok.split(counts), plain_tok.split(counts), strict=True):
-                    for i, d in enumerate((row_teacher - row_plain)[: self.opener_tokens].tolist()):
-                        opener[i].append(d)
+                row_deltas += list((teacher_tok - plain_tok).split(batch.mask.sum(1).long().tolist()))
         return {"nll": with_latents / max(tokens, 1), "plain": plain / max(tokens, 1),
                 "score": weighted / max(weights, 1e-9),
-                "opener": [sum(d) / len(d) if d else float("nan") for d in opener]}
+                "opener": opener_by_position(row_deltas, self.opener_tokens)}
 
     def snapshot(self) -> dict:
         """φ's current weights (the best validation point is restored at the end)."""

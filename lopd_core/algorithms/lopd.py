@@ -186,6 +186,16 @@ def opener_length(tokenizer) -> int:
     return len(encode(tokenizer, TOOL_CALL_OPEN))
 
 
+def opener_by_position(row_deltas: list[Tensor], opener_tokens: int) -> list[float]:
+    """The mean δ at each of the first ``opener_tokens`` positions over rows (per row, its action tokens' δ);
+    nan where no row is that long. One definition for the teacher probe and the cold start's validation."""
+    out = []
+    for i in range(opener_tokens):
+        values = [float(d[i]) for d in row_deltas if len(d) > i]
+        out.append(sum(values) / len(values) if values else float("nan"))
+    return out
+
+
 def privilege_summary(row_delta: Tensor, first_delta: Tensor, opener_delta: Tensor, rewards: Tensor, *,
                       success_reward: float, failure_reward: float) -> dict[str, float]:
     """Per step: mean token δ on successes and on failures, δ at the first action token of successes, and the
