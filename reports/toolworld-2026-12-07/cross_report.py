@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lopd_core.compare_report import FINAL_ROWS, TaskRows
+from lopd_core.compare_report import FINAL_ROWS, TaskRows, group_runs
 from lopd_core.stats import paired_cluster_bootstrap
 
 
@@ -23,14 +23,13 @@ class Report:
     """A report folder: its runs (``results.json``) and their final task rows (``final_rows.jsonl``)."""
 
     def __init__(self, folder: Path):
-        self.runs = json.loads((folder / "results.json").read_text())["runs"]
+        self.groups = group_runs(json.loads((folder / "results.json").read_text())["runs"])
         self.rows = TaskRows.from_file(folder / FINAL_ROWS)
 
     def seeds(self, name: str) -> list[dict]:
-        found = [run for run in self.runs if run["name"] == name]
-        if not found:
-            raise SystemExit(f"no run named {name!r}; the report has {sorted({r['name'] for r in self.runs})}")
-        return found
+        if name not in self.groups:
+            raise SystemExit(f"no run named {name!r}; the report has {sorted(self.groups)}")
+        return self.groups[name]
 
     def of(self, name: str, split: str) -> list[dict]:
         """Every seed's rows of the runs called ``name``; the bootstrap averages seeds per task."""
