@@ -385,6 +385,10 @@ class RFTConfig(_Section):
     """At most this many buffer episodes per pass (the newest first, then a deterministic sample)."""
     hint: bool = False
     """Hinted RFT: play each task with a worked example of its own family's tool as chat turns (a sibling task's oracle) and train the plain-prompt student on the successes."""
+    hint_max_tokens: int = Field(384, ge=0)
+    """Hinted rollouts run past ``rollout.max_trajectory_tokens`` by their worked example's length, at most this
+    many tokens (0: not at all), so the hint never takes the episode's own room and the episode behind the
+    plain prompt fits the cap; evaluation keeps the cap, the vLLM engine's context grows by this."""
     seed_from_bank: bool = True
     """Start the replay buffer with the experience bank's successes (the base model's own; their episodes count as pre-training budget)."""
 
@@ -558,6 +562,12 @@ class Config(_Section):
                 f"rollout.max_trajectory_tokens ({self.rollout.max_trajectory_tokens})"
             )
         return self
+
+    def context_allowance(self) -> int:
+        """Tokens a training rollout may run past ``rollout.max_trajectory_tokens``: hinted RFT's worked
+        example (``distill.rft.hint_max_tokens``), else 0. The vLLM engine's context length allows for it."""
+        d = self.distill
+        return d.rft.hint_max_tokens if d.method == "rft" and d.rft.hint else 0
 
     def hash(self) -> str:
         """Stable short hash of the configuration (recorded as a tag on model versions)."""

@@ -123,6 +123,7 @@ def cold_start_composer(cfg: Config, bank: Bank, *, suite_name: str, out_dir: Pa
                         models_dir: Path | None = None, logger: MetricLogger | None = None,
                         progress: bool = True) -> ColdStartResult:
     """Cold-start the composer on :func:`cold_start_y_star` (the suite kind's success threshold) into ``out_dir``."""
+    threshold = cfg.curation.success_threshold(suite_kind(suite_name))
     y_star = cold_start_y_star(cfg, bank, suite_name=suite_name)
     if not y_star:
         raise ValueError(f"the composer cold start needs successful training episodes and the bank has none "
@@ -130,7 +131,7 @@ def cold_start_composer(cfg: Config, bank: Bank, *, suite_name: str, out_dir: Pa
                          "rollout.level so the base model solves some tasks")
     return cold_start(cfg, retriever=bank.retriever, out_dir=Path(out_dir), trajectories=y_star,
                       policies=policies, models_dir=models_dir, logger=logger, progress=progress,
-                      success_threshold=cfg.curation.success_threshold(suite_kind(suite_name)))
+                      success_threshold=threshold)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -249,6 +249,45 @@ def test_a_prompt_longer_than_the_cap_is_an_actionable_error(tiny_model, tiny_to
     assert engine.calls == []
 
 
+def test_a_context_with_an_allowance_runs_past_the_cap_by_its_own_length_and_no_further(tiny_model, tiny_tokenizer):
+    """Hinted rollouts: a worked example before the task may take none of the room the episode has without it,
+    so the episode behind the plain prompt still fits the cap; without the allowance it crowds the episode out."""
+    from lopd_core.rollout.context import ContextSuite
+
+    tok = tiny_tokenizer
+    worked = [[{"role": "user", "content": "Task number 9: look up key k9 and report it."},
+               {"role": "assistant", "content": '<tool_call>{"name": "lookup", "arguments": {"key": "k9"}}</tool_call>'},
+               {"role": "tool", "content": "<tool_response>v9</tool_response>"},
+               {"role": "assistant", "content": "k9 is v9."}]]
+    task = ScriptedSuite().tasks([{"turns_needed": 50, "obs_pad": 60}])[0]
+    plain_prompt = len(render_prompt_ids(tok, ScriptedEnv(task).reset(task), TOOLS))
+    cap = plain_prompt + 200
+
+    def play(suite):
+        return run_episodes(HFEngine(tiny_model, tok, batch_size=8), tok, suite, [task], max_turns=50,
+                            max_trajectory_tokens=cap, sampling=SAMPLING)[0]
+
+    def hinted(allowance):
+        return play(ContextSuite(ScriptedSuite(), lambda t: worked, placement="chat_turn", allowance_tokens=allowance))
+
+    plain, crowded, roomy, part = play(ScriptedSuite()), hinted(0), hinted(10_000), hinted(16)
+    context = roomy.prompt_len - plain_prompt
+    assert plain.prompt_len == plain_prompt and context > 16
+    for t in (plain, crowded, roomy, part):
+        assert t.status == "truncated" and tok.decode(t.token_ids) == render_text(tok, t.messages, t.tools,
+                                                                                  add_generation_prompt=False)
+    assert crowded.n_tokens <= cap and crowded.n_generated < plain.n_generated  # the context took the room
+    assert cap < roomy.n_tokens <= cap + context  # past the cap by at most the context's length ...
+    assert roomy.n_tokens - roomy.prompt_len <= cap - plain_prompt  # ... so the plain-prompt twin fits the cap
+    assert roomy.n_tokens - roomy.prompt_len > cap - plain_prompt - 40  # and the episode had its room (one turn's slack)
+    assert cap < part.n_tokens <= cap + 16  # the allowance is at most allowance_tokens
+    # a prompt too long even with the allowance names both
+    tight = run_episodes(HFEngine(tiny_model, tok, batch_size=8), tok,
+                         ContextSuite(ScriptedSuite(), lambda t: worked, placement="chat_turn", allowance_tokens=4),
+                         [task], max_turns=2, max_trajectory_tokens=plain_prompt + 8, sampling=SAMPLING)[0]
+    assert tight.status == "error" and "plus its context's allowance of 4" in tight.error
+
+
 def test_consecutive_assistant_turns_without_observation(tiny_model, tiny_tokenizer):
     tok = tiny_tokenizer
     trajs, _, _ = _run(tiny_model, tok, [{"turns_needed": 3, "no_observation": True}])

@@ -120,6 +120,9 @@ def test_rft_trains_on_its_successes_so_far_and_hinted_rft_on_their_plain_prompt
     hinted = make_algorithm(hinted_cfg.distill, policies)
     played = hinted.rollout_suite(suite)
     assert isinstance(played, ContextSuite)
+    # hinted rollouts may run past the cap by the hint's length (the engine's context allows for it); no other
+    assert played.allowance_tokens == hinted_cfg.distill.rft.hint_max_tokens == hinted_cfg.context_allowance() > 0
+    assert cfg.context_allowance() == 0
     task = suite.tasks("train", 1, level=1, seed=3)[0]
     plain, with_hint = suite.make_env(task).reset(task), played.make_env(task).reset(task)
     assert len(with_hint) > len(plain) and with_hint[-1] == plain[-1] and with_hint[: len(plain) - 1] == plain[:-1]

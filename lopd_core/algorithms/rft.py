@@ -64,7 +64,7 @@ class RFT:
         if not self.rft.hint:
             return suite
         hint = sibling_oracle_hint(suite, self.policies.tokenizer, level=self.level, seed=self.seed + 31337)
-        return ContextSuite(suite, hint, placement="chat_turn")
+        return ContextSuite(suite, hint, placement="chat_turn", allowance_tokens=self.rft.hint_max_tokens)
 
     def step(self, inputs: StepInputs) -> dict[str, Any]:
         usable = usable_rollouts(inputs.trajectories)

@@ -65,6 +65,8 @@ class _Episode:
     prompt_len: int = 0
     closing_len: int = 0
     closing_text: str = ""
+    cap: int = 0
+    """This episode's trajectory cap: ``max_trajectory_tokens``, plus the context's allowance (:func:`_start`)."""
     status: str = "ok"
     error: str = ""
     finished: bool = False
@@ -106,14 +108,29 @@ def _start(ep: _Episode, suite, tokenizer, cap: int) -> None:
         _fail(ep, "chat template", exc)
         return
     ep.prompt_len = len(ep.token_ids)
+    allowance = _context_allowance(ep, tokenizer, tools)
+    ep.cap = cap + allowance
     ep.closing_len = len(closing)
     ep.closing_text = tokenizer.decode(closing, clean_up_tokenization_spaces=False)
-    if ep.prompt_len + ep.closing_len + MIN_TURN_TOKENS > cap:
+    if ep.prompt_len + ep.closing_len + MIN_TURN_TOKENS > ep.cap:
         ep.status, ep.finished = "error", True
+        extra = f" plus its context's allowance of {allowance}" if allowance else ""
         ep.error = (f"initial prompt of task {ep.task.task_id} is {ep.prompt_len} tokens, too long for "
-                    f"rollout.max_trajectory_tokens={cap}; raise that cap or shorten the task")
+                    f"rollout.max_trajectory_tokens={cap}{extra}; raise that cap or shorten the task")
         # The record keeps the messages (what was too long) but no tokens: nothing over the cap is stored.
         ep.token_ids, ep.mask, ep.logprobs, ep.prompt_len = [], [], [], 0
+
+
+def _context_allowance(ep: _Episode, tokenizer, tools) -> int:
+    """Tokens the episode may run past the cap: an environment that adds context to the task's prompt (a
+    hinted rollout, :class:`~lopd_core.rollout.context.ContextSuite` with an allowance) gets the context's own
+    length, at most its ``allowance_tokens``, so the context never takes the room the episode has without it
+    (and the episode behind the plain prompt still fits the cap). Every other environment: 0."""
+    limit = getattr(ep.env, "allowance_tokens", 0)
+    plain = getattr(ep.env, "plain_messages", None)
+    if not limit or plain is None:
+        return 0
+    return min(max(ep.prompt_len - len(render_prompt_ids(tokenizer, plain, tools)), 0), limit)
 
 
 def _assistant_text(tokenizer, ep: _Episode, ids: list[int], eot_ids: set[int]) -> tuple[str, str]:
@@ -268,7 +285,7 @@ def run_episodes(engine: Engine, tokenizer, suite, tasks: list, *, max_turns: in
             _start(ep, suite, tokenizer, cap)
             if ep.finished:
                 mark_done(ep)
-        _play(episodes, engine, tokenizer, sampling, max_turns=max_turns, cap=cap, eot_ids=eot_ids,
+        _play(episodes, engine, tokenizer, sampling, max_turns=max_turns, eot_ids=eot_ids,
               mark_done=mark_done)
     finally:
         bar.close()
@@ -283,12 +300,12 @@ def run_episodes(engine: Engine, tokenizer, suite, tasks: list, *, max_turns: in
 
 
 def _play(episodes: list[_Episode], engine: Engine, tokenizer, sampling: SamplingParams, *, max_turns: int,
-          cap: int, eot_ids: set[int], mark_done) -> None:
+          eot_ids: set[int], mark_done) -> None:
     """The turn loop: generate for all live episodes together, then step each environment."""
     turn = 0
     while live := [ep for ep in episodes if not ep.finished]:
         # --- generate: every live episode together, each cut to the room it has left under the cap
-        budgets = [min(sampling.max_new_tokens, cap - len(ep.token_ids) - ep.closing_len) for ep in live]
+        budgets = [min(sampling.max_new_tokens, ep.cap - len(ep.token_ids) - ep.closing_len) for ep in live]
         params = replace(sampling, max_new_tokens=max(budgets),
                          seed=None if sampling.seed is None else sampling.seed + turn)
         t0 = time.perf_counter()
@@ -324,7 +341,7 @@ def _play(episodes: list[_Episode], engine: Engine, tokenizer, sampling: Samplin
             elif ep.n_turns >= max_turns:
                 _close(ep, tokenizer, before, ids, "truncated")
             else:
-                _continue(ep, tokenizer, before, ids, result, cap)
+                _continue(ep, tokenizer, before, ids, result, ep.cap)
             if ep.finished:
                 mark_done(ep)
 

@@ -25,25 +25,39 @@ Contexts = Callable[[Task], list[list[dict[str, Any]]]]
 
 
 class ContextSuite:
-    """``suite``, with every episode's initial messages carrying ``contexts(task)`` placed as ``placement``."""
+    """``suite``, with every episode's initial messages carrying ``contexts(task)`` placed as ``placement``.
 
-    def __init__(self, suite: Suite, contexts: Contexts, *, placement: Placement):
+    ``allowance_tokens`` > 0 lets each episode run past ``rollout.max_trajectory_tokens`` by its context's
+    own length (at most that many tokens; the agent loop measures it against the plain prompt): the context
+    then takes none of the room the episode has without it. Hinted RFT sets it, so a worked example on top of
+    a long domain prompt still leaves the episode its turns, and the episode behind the plain prompt fits the
+    cap; the engine's context length must allow for it (:meth:`lopd_core.config.Config.context_allowance`)."""
+
+    def __init__(self, suite: Suite, contexts: Contexts, *, placement: Placement, allowance_tokens: int = 0):
         self.suite, self.contexts, self.placement = suite, contexts, placement
+        self.allowance_tokens = allowance_tokens
         self.name, self.kind, self.needs = suite.name, suite.kind, getattr(suite, "needs", None)
 
     def tasks(self, split, n, *, level=1, seed=0):
         return self.suite.tasks(split, n, level=level, seed=seed)
 
     def make_env(self, task: Task):
-        return _ContextEnvironment(self.suite.make_env(task), self.contexts(task), self.placement)
+        return _ContextEnvironment(self.suite.make_env(task), self.contexts(task), self.placement,
+                                   allowance_tokens=self.allowance_tokens)
 
 
 class _ContextEnvironment:
-    def __init__(self, env, experiences: list[list[dict[str, Any]]], placement: Placement):
+    def __init__(self, env, experiences: list[list[dict[str, Any]]], placement: Placement, *,
+                 allowance_tokens: int = 0):
         self.env, self.experiences, self.placement = env, experiences, placement
+        self.allowance_tokens = allowance_tokens
+        self.plain_messages: list[dict[str, Any]] | None = None
+        """The task's initial messages without the context (set by :meth:`reset`; the agent loop measures the
+        context's length against them)."""
 
     def reset(self, task: Task):
-        return place_experiences(self.env.reset(task), self.experiences, placement=self.placement)
+        self.plain_messages = list(self.env.reset(task))
+        return place_experiences(self.plain_messages, self.experiences, placement=self.placement)
 
     def step(self, assistant_text: str):
         return self.env.step(assistant_text)

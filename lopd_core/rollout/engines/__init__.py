@@ -114,7 +114,7 @@ def training_vllm_engine(cfg: Config, policies: PolicySet) -> Engine:
         _SHARED[key].batch_size = cfg.rollout.batch_size
         return _SHARED[key]
     return shared_vllm_engine(policies.base_path, dtype=engine_dtype(cfg), device=cfg.model.device,
-                              max_model_len=cfg.rollout.max_trajectory_tokens + 16,
+                              max_model_len=cfg.rollout.max_trajectory_tokens + cfg.context_allowance() + 16,
                               batch_size=cfg.rollout.batch_size, policy_sync=engine_sync(cfg),
                               eager=cfg.rollout.engine_eager)
 
