@@ -15,7 +15,8 @@ Token alignment (see :mod:`lopd_core.records.trajectory` and :mod:`lopd_core.rec
   the episode's remaining budget, then the template text up to the next assistant header (or the
   closing text of the last turn), tokenised through the sentinel split (mask 0, log-prob 0.0);
 - so ``tokenizer.decode(token_ids)`` equals the chat-template rendering of ``messages`` without a
-  generation prompt, and ``len(token_ids) <= max_trajectory_tokens`` always.
+  generation prompt, and ``len(token_ids) <= max_trajectory_tokens`` always (plus, for an environment that
+  adds context to the prompt with an allowance, the context's length: :func:`_context_allowance`).
 
 The assistant message text is the decoded generation without its end-of-turn token (special tokens the
 model emitted mid-turn stay as text, exactly as the ids say). A template that rewrites earlier turns when
