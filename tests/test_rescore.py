@@ -48,8 +48,9 @@ def test_a_contradicting_answer_credited_by_the_old_checker_loses_its_success_an
     result = rescore_episodes(suite, [right, wrong], progress=False)
     assert result.replayed == 2 and not result.kept
     assert result.episodes[0].success and result.episodes[0].reward == 1.0
-    assert not result.episodes[1].success and result.episodes[1].reward < 1.0
-    assert result.episodes[1].feedback != right.feedback  # the current checker says what the item asks
+    assert not result.episodes[1].success and result.episodes[1].reward == 0.5  # the call's half of the checklist
+    assert "no temperature that contradicts it" in result.episodes[1].feedback  # the unmet item, named
+    assert "contradicts" not in result.episodes[0].feedback
     assert [c["episode_id"] for c in result.changed] == [wrong.episode_id]
     assert result.changed[0]["success"] == [True, False]
     summary = result.summary([right, wrong])
