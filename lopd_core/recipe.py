@@ -107,13 +107,14 @@ def memory_bank(trajectories: list[Trajectory], cfg: Config, *, kind: str) -> Ba
 
 # --------------------------------------------------------------------------------------------------
 # Cold start
-def cold_start_y_star(cfg: Config, bank: Bank, *, suite_name: str) -> list[Trajectory]:
+def cold_start_y_star(cfg: Config, bank: Bank, *, suite_name: str, threshold: float | None = None) -> list[Trajectory]:
     """The cold start's y*: every stored success of the suite (``cold_start.y_star: successes``, the default,
     on a LanceDB bank) or only the curated ones behind the experiences (``curated``, or an in-memory bank).
 
     Curation keeps a few diverse successes per task and family for retrieval; the composer learns from
     more y* than that (each still retrieves only curated experiences, never itself or its own task)."""
-    threshold = cfg.curation.success_threshold(suite_kind(suite_name))
+    if threshold is None:
+        threshold = cfg.curation.success_threshold(suite_kind(suite_name))
     if cfg.distill.lopd.cold_start.y_star == "successes" and bank.stored_successes is not None:
         return bank.stored_successes(suite_name, threshold)
     return list(bank.successes)
@@ -124,7 +125,7 @@ def cold_start_composer(cfg: Config, bank: Bank, *, suite_name: str, out_dir: Pa
                         progress: bool = True) -> ColdStartResult:
     """Cold-start the composer on :func:`cold_start_y_star` (the suite kind's success threshold) into ``out_dir``."""
     threshold = cfg.curation.success_threshold(suite_kind(suite_name))
-    y_star = cold_start_y_star(cfg, bank, suite_name=suite_name)
+    y_star = cold_start_y_star(cfg, bank, suite_name=suite_name, threshold=threshold)
     if not y_star:
         raise ValueError(f"the composer cold start needs successful training episodes and the bank has none "
                          f"({bank.episodes} seed episodes on {suite_name}); raise rollout.n_tasks or lower "

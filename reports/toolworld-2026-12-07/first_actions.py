@@ -3,7 +3,7 @@
 Each report folder keeps every run's final task rows (``final_rows.jsonl``: family, phrasing cluster, reward)
 and the transcripts of those episodes (``final_transcripts.jsonl``). A first action is a tool call, an
 invented tool reply (it opens ``<tool_response>``: the agent writes the tool's answer itself) or a plain
-answer. Seeds of a method are pooled; the base model is taken from the first report that has it.
+answer. Seeds of a method (``results.json``'s run names) are pooled; the base model is taken from the first report that has it.
 
     python reports/toolworld-2026-12-07/first_actions.py reports/toolworld-2026-12-07/claim2 \\
         reports/toolworld-2026-12-07/claim2-opener --family calendar/count_meetings weather/condition
@@ -16,21 +16,23 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from lopd_core.compare_report import group_runs
 from lopd_core.envs.tools import TOOL_CALL_OPEN, TOOL_RESPONSE_OPEN
 
 KINDS = ("call", "invented", "answer")
 
 
 def first_kind(transcript: str) -> str:
-    """The kind of the transcript's first assistant turn (``[assistant] …``, as the evaluation writes it)."""
+    """The kind of the transcript's first assistant turn (``[assistant] …``, as the evaluation writes it). Read
+    from the transcript, not the rows' ``invented_reply`` column, which evaluations before 2026-12-07 lack."""
     first = transcript.split("[assistant]", 1)[1].lstrip() if "[assistant]" in transcript else ""
     return "invented" if first.startswith(TOOL_RESPONSE_OPEN) else "call" if first.startswith(TOOL_CALL_OPEN) else "answer"
 
 
-def method_of(run: str) -> str:
-    """``lopd_text-s2`` → ``lopd_text``; ``base`` stays."""
-    head, sep, seed = run.rpartition("-s")
-    return head if sep and seed.isdigit() else run
+def run_names(folder: Path) -> dict[str, str]:
+    """Each run of the report → its method's name (``results.json``); the base model is ``base``."""
+    groups = group_runs(json.loads((folder / "results.json").read_text())["runs"])
+    return {"base": "base", **{r["run"]: name for name, runs in groups.items() for r in runs}}
 
 
 def tally(folders: list[Path], family: str) -> dict:
@@ -39,6 +41,7 @@ def tally(folders: list[Path], family: str) -> dict:
     out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: dict.fromkeys(("tasks", "reward_sum", *KINDS), 0))))
     seen: dict[str, str] = {}
     for folder in folders:
+        names = run_names(folder)
         rows = {}
         for line in (folder / "final_rows.jsonl").read_text().splitlines():
             r = json.loads(line)
@@ -48,7 +51,7 @@ def tally(folders: list[Path], family: str) -> dict:
             row = rows.get((t["run"], t["split"], t["task_id"]))
             if row is None or row["family"] != family:
                 continue
-            method = method_of(t["run"])
+            method = names[t["run"]]
             if seen.setdefault(method, folder.name) != folder.name:
                 if method == "base":
                     continue
